@@ -1,0 +1,113 @@
+// MlaAttention: the single-device DeepSeek MLA layer (SPEC §1), parameters named as in
+// DeepSeek-V3 checkpoints. Its forward is split at the seam the parallel runtime uses:
+//   compute_latents  (down projections + RMSNorm)      -> LocalLatents
+//   attention core   (up projections, RoPE, attention) -> [B, S, H*Dv]
+//   project_output   (optional gate, o_proj)           -> [B, S, d]
+// Later layers replace only the core.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "mlacp/config.h"
+
+namespace mlacp {
+
+// Per-call inputs of the forward. Every field is validated before any work (SPEC §6, §8).
+struct MlaForwardOptions {
+  at::Tensor position_ids;                            // [B, S] or [S] integer; default: 0..S-1
+                                                      // (document-relative when packed)
+  std::optional<std::vector<int64_t>> document_ends;  // packed: global document ends (cu_seqlens,
+                                                      // with or without the leading 0); batch 1
+  std::optional<std::vector<int64_t>> document_lengths;   // alternative to document_ends
+  std::optional<std::vector<int64_t>> key_document_ends;  // must equal the query's (FA-style callers)
+  std::optional<bool> is_causal;                      // default: MlaConfig::causal
+  at::Tensor attention_mask;                          // bool [S, S] or [B|1, 1, S, S], True = allowed
+  double dropout = 0.0;                               // must be 0 in training
+  bool use_cache = false;                             // KV cache: not supported, rejected
+  bool output_attentions = false;                     // attention weights: not supported, rejected
+};
+
+// The three normalised local latents of SPEC §4 (BSR layout).
+struct LocalLatents {
+  at::Tensor query_latent;  // [B, S, Rq] (RMS-normalised), or [B, S, d] without a q latent
+  at::Tensor kv_latent;     // [B, S, Rkv] (RMS-normalised)
+  at::Tensor key_rope_raw;  // [B, S, Dr] (not normalised, not yet rotated)
+};
+
+// Forward inputs after validation: what the attention core needs about positions and masks.
+struct ResolvedForward {
+  int64_t batch = 0;
+  int64_t seq_len = 0;
+  bool causal = true;
+  at::Tensor rope_positions;  // [B, S] int64 (document-relative when packed)
+  at::Tensor document_ends;   // [n_docs] int64 global exclusive ends, or undefined
+  at::Tensor mask;            // bool [B|1, 1, S, S], or undefined
+};
+
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RmsNorm);
+
+class MlaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit MlaAttentionImpl(const MlaConfig& config,
+                            const at::TensorOptions& options = at::TensorOptions().dtype(at::kFloat));
+
+  // hidden: [B, S, d] -> [B, S, d]
+  at::Tensor forward(const at::Tensor& hidden, const MlaForwardOptions& options = {});
+
+  // --- the seam (used by the parallel runtime and by tests) ---
+  ResolvedForward resolve(const at::Tensor& hidden, const MlaForwardOptions& options) const;
+  LocalLatents compute_latents(const at::Tensor& hidden);
+  // [B, S, Rq|d] -> [B, S, H, Dqk], RoPE applied to the last Dr lanes
+  at::Tensor expand_query(const at::Tensor& query_latent, const at::Tensor& rope_positions);
+  // [B, S, Dr] -> [B, S, Dr] rotated (one key head shared by all heads)
+  at::Tensor rotate_key(const at::Tensor& key_rope_raw, const at::Tensor& rope_positions) const;
+  // kv_latent [B, S, Rkv], rotated key rope [B, S, Dr], heads [head_begin, head_end) ->
+  // key [B, S, h, Dqk], value [B, S, h, Dv]. Only those rows of kv_b_proj are read, so their
+  // gradient lands in those rows and nowhere else.
+  std::pair<at::Tensor, at::Tensor> expand_key_value(const at::Tensor& kv_latent, const at::Tensor& key_rope,
+                                                     int64_t head_begin, int64_t head_end);
+  // The single-device attention core on the naive reference kernel -> [B, S, H*Dv].
+  at::Tensor reference_core(const LocalLatents& latents, const ResolvedForward& resolved);
+  // attention [B, S, H*Dv], hidden [B, S, d] (for the gate) -> [B, S, d]
+  at::Tensor project_output(const at::Tensor& attention, const at::Tensor& hidden);
+
+  const MlaConfig& config() const { return config_; }
+  int64_t local_heads() const { return local_heads_; }
+  double scaling() const { return scaling_; }
+
+  // Submodules, named as in DeepSeek-V3 checkpoints. Unused ones are empty holders.
+  torch::nn::Linear q_a_proj{nullptr};
+  RmsNorm q_a_layernorm{nullptr};
+  torch::nn::Linear q_b_proj{nullptr};
+  torch::nn::Linear q_proj{nullptr};  // only without a q latent (DeepSeek-V2-Lite)
+  torch::nn::Linear kv_a_proj_with_mqa{nullptr};
+  RmsNorm kv_a_layernorm{nullptr};
+  torch::nn::Linear kv_b_proj{nullptr};
+  torch::nn::Linear o_proj{nullptr};
+  torch::nn::Linear o_gate_proj{nullptr};  // only with output_gate
+
+ private:
+  torch::nn::Linear& query_up_projection();
+  void validate_latents(const LocalLatents& latents) const;
+
+  MlaConfig config_;
+  int64_t local_heads_;
+  double scaling_;
+  struct RopeState;
+  std::shared_ptr<RopeState> rope_;
+};
+TORCH_MODULE(MlaAttention);
+
+}  // namespace mlacp

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Configures and builds mlacp into build/ (Release, ccache). Usage: scripts/build.sh [targets...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${MLACP_BUILD_DIR:-$root/build}"
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+jobs="${MLACP_BUILD_JOBS:-$(nproc)}"
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+if (($# > 0)); then
+  targets=(); for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$build" -j "$jobs" "${targets[@]}"
+else
+  cmake --build "$build" -j "$jobs"
+fi

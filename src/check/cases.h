@@ -1,0 +1,43 @@
+// Named verification cases: one description names a test, a `mlacp verify` row and (later) a
+// benchmark row. Also the deterministic construction of a case's module and inputs.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlacp/attention.h"
+
+namespace mlacp {
+
+struct VerifyCase {
+  std::string name;
+  MlaConfig config;
+  int64_t batch = 2;
+  int64_t seq_len = 9;
+  std::optional<bool> causal;          // default: the config's
+  std::vector<int64_t> document_ends;  // non-empty: packed sequence (batch 1)
+  int64_t band_width = 0;              // > 0: band mask, key allowed iff |i - j| < band_width
+  std::vector<int64_t> masked_rows;    // query rows with no allowed key (needs a band mask)
+  uint64_t seed = 0;
+};
+
+struct CaseInputs {
+  at::Tensor hidden;          // [B, S, d]
+  MlaForwardOptions options;  // positions, documents, mask
+  at::Tensor output_weight;   // [B, S, d]: loss = sum(output * output_weight)
+};
+
+// The module of a case, deterministic in (config, seed) whatever the dtype: parameters are drawn
+// in float32 and then cast, so float32 and float64 modules hold the same values. Norm weights are
+// perturbed away from 1 so their gradients are not trivially symmetric.
+MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype);
+CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype);
+// bool [1, 1, S, S] band mask with the case's masked rows.
+at::Tensor make_band_mask(int64_t seq_len, int64_t band_width, const std::vector<int64_t>& masked_rows);
+
+// The single-device cases `mlacp verify` runs by default.
+std::vector<VerifyCase> default_single_device_cases();
+VerifyCase find_case(const std::string& name);
+
+}  // namespace mlacp

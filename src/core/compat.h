@@ -1,0 +1,72 @@
+// The one place where LibTorch version differences live (1.13 from Debian vs 2.x from a wheel).
+// Everything else calls these helpers.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <torch/version.h>
+
+namespace mlacp::compat {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define MLACP_TORCH_DEVICE_AUTOCAST 1
+#else
+#define MLACP_TORCH_DEVICE_AUTOCAST 0
+#endif
+
+inline bool autocast_enabled(c10::DeviceType device) {
+#if MLACP_TORCH_DEVICE_AUTOCAST
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
+#if MLACP_TORCH_DEVICE_AUTOCAST
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                        : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast(c10::DeviceType device, bool enabled, c10::ScalarType dtype) {
+#if MLACP_TORCH_DEVICE_AUTOCAST
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
+
+// Enters (or leaves) autocast for one device for the guard's lifetime; restores the previous
+// state and clears the autocast weight cache on exit. Used by tests, the tools, and backward
+// nodes that re-enter the forward's autocast state.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device, bool enabled, c10::ScalarType dtype)
+      : device_(device), was_enabled_(autocast_enabled(device)), was_dtype_(autocast_dtype(device)) {
+    set_autocast(device, enabled, dtype);
+  }
+  ~AutocastGuard() {
+    set_autocast(device_, was_enabled_, was_dtype_);
+    if (!was_enabled_) at::autocast::clear_cache();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  c10::ScalarType was_dtype_;
+};
+
+}  // namespace mlacp::compat

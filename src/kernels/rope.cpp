@@ -1,0 +1,70 @@
+#include "kernels/rope.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+namespace mlacp {
+namespace {
+
+// DeepSeek YaRN: the rope dim at which `rotations` full turns fit in the original context.
+double correction_dim(double rotations, int64_t dim, double base, int64_t max_positions) {
+  return (dim * std::log(max_positions / (rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
+}
+
+}  // namespace
+
+RopeFrequencies make_rope_frequencies(const MlaConfig& config) {
+  const int64_t dim = config.qk_rope_head_dim;
+  const double base = config.rope_theta;
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  // [Dr/2]: base^(-2i/Dr)
+  at::Tensor exponent = at::arange(0, dim, 2, f64) / static_cast<double>(dim);
+  at::Tensor freq_extra = 1.0 / at::pow(base, exponent);
+  RopeFrequencies rope;
+  rope.layout = config.rope_layout;
+  rope.inv_freq = freq_extra;
+  if (config.yarn) {
+    const YarnScaling& y = *config.yarn;
+    at::Tensor freq_inter = freq_extra / y.factor;
+    double low = std::floor(correction_dim(y.beta_fast, dim, base, y.original_max_position_embeddings));
+    double high = std::ceil(correction_dim(y.beta_slow, dim, base, y.original_max_position_embeddings));
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // avoid a zero-width ramp
+    at::Tensor ramp = ((at::arange(dim / 2, f64) - low) / (high - low)).clamp(0.0, 1.0);
+    at::Tensor extrapolate = 1.0 - ramp;  // 1: keep the original frequency
+    rope.inv_freq = freq_inter * (1.0 - extrapolate) + freq_extra * extrapolate;
+    rope.magnitude = config.rope_magnitude_scale();
+  }
+  return rope;
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeFrequencies& rope) {
+  const int64_t dim = x.size(-1);
+  const int64_t half = dim / 2;
+  // [B, S, Dr/2] angles in float64, then broadcast over x's middle dims.
+  at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * rope.inv_freq.to(positions.device());
+  at::Tensor cos = (angles.cos() * rope.magnitude).to(x.scalar_type());
+  at::Tensor sin = (angles.sin() * rope.magnitude).to(x.scalar_type());
+  std::vector<int64_t> view_shape(x.dim(), 1);
+  view_shape[0] = cos.size(0);
+  view_shape[1] = cos.size(1);
+  view_shape.back() = half;
+  cos = cos.view(view_shape);
+  sin = sin.view(view_shape);
+
+  at::Tensor lanes = x;
+  if (rope.layout == RopeLayout::interleaved) {
+    // [..., Dr] -> [..., Dr/2, 2] -> [..., 2, Dr/2] -> [..., Dr]: evens first, then odds.
+    std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end());
+    pairs.back() = half;
+    pairs.push_back(2);
+    lanes = x.reshape(pairs).transpose(-1, -2).reshape(x.sizes());
+  }
+  at::Tensor x1 = lanes.narrow(-1, 0, half);
+  at::Tensor x2 = lanes.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+}  // namespace mlacp

@@ -1,0 +1,205 @@
+// HuggingFace-style config.json <-> MlaConfig. Field names are DeepSeek-V3's; mlacp's own
+// extensions live under "mlacp". Unknown fields and contradictions are errors.
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mlacp/config.h"
+#include "mlacp/errors.h"
+
+namespace mlacp {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kWhat = "config.json";
+
+// Model-level fields that are not part of the attention layer: recognised, not used.
+const std::set<std::string>& ignored_model_fields() {
+  static const std::set<std::string> fields = {
+      "architectures", "auto_map", "model_type", "vocab_size", "intermediate_size",
+      "moe_intermediate_size", "num_hidden_layers", "n_shared_experts", "n_routed_experts",
+      "ep_size", "routed_scaling_factor", "topk_method", "n_group", "topk_group",
+      "num_experts_per_tok", "moe_layer_freq", "first_k_dense_replace", "norm_topk_prob",
+      "scoring_func", "aux_loss_alpha", "seq_aux", "hidden_act", "initializer_range", "use_cache",
+      "pad_token_id", "bos_token_id", "eos_token_id", "pretraining_tp", "tie_word_embeddings",
+      "torch_dtype", "transformers_version", "quantization_config", "num_nextn_predict_layers",
+      "rope_parameters", "mlp_bias"};
+  return fields;
+}
+
+const std::set<std::string> kAttentionFields = {
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim", "head_dim", "rms_norm_eps",
+    "rope_theta", "rope_scaling", "rope_interleave", "attention_bias", "attention_dropout",
+    "max_position_embeddings", "mlacp"};
+const std::set<std::string> kYarnFields = {"type", "rope_type", "factor", "original_max_position_embeddings",
+                                           "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
+const std::set<std::string> kMlacpFields = {"output_gate", "causal", "up_proj_bias", "softmax_scale"};
+
+void reject_unknown(const json& object, const std::set<std::string>& known, const std::set<std::string>* ignored,
+                    const std::string& where) {
+  for (const auto& item : object.items()) {
+    if (known.count(item.key()) || (ignored && ignored->count(item.key()))) continue;
+    throw Error(kWhat, "unknown field in " + where, {got("field", item.key())},
+                "remove it, or check its spelling against the DeepSeek-V3 config.json");
+  }
+}
+
+int64_t get_int(const json& j, const std::string& key) {
+  MLACP_REQUIRE(j.contains(key), kWhat, "required field is missing", {got("field", key)},
+          "add it (see mlacp's presets for DeepSeek values)");
+  const json& v = j.at(key);
+  MLACP_REQUIRE(v.is_number_integer(), kWhat, "field must be an integer", {got("field", key), got("value", v.dump())},
+          "write it without quotes or decimals");
+  return v.get<int64_t>();
+}
+
+double get_number(const json& j, const std::string& key, double fallback) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  const json& v = j.at(key);
+  MLACP_REQUIRE(v.is_number(), kWhat, "field must be a number", {got("field", key), got("value", v.dump())},
+          "write it as a JSON number");
+  return v.get<double>();
+}
+
+bool get_bool(const json& j, const std::string& key, bool fallback) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j.at(key);
+  MLACP_REQUIRE(v.is_boolean(), kWhat, "field must be true or false", {got("field", key), got("value", v.dump())},
+          "write true or false without quotes");
+  return v.get<bool>();
+}
+
+YarnScaling parse_yarn(const json& s) {
+  MLACP_REQUIRE(s.is_object(), kWhat, "rope_scaling must be an object or null", {got("rope_scaling", s.dump())},
+          "use {\"type\": \"yarn\", \"factor\": ...} or null");
+  reject_unknown(s, kYarnFields, nullptr, "rope_scaling");
+  std::string type = s.value("type", s.value("rope_type", std::string("")));
+  if (s.contains("type") && s.contains("rope_type")) {
+    MLACP_REQUIRE(s.at("type") == s.at("rope_type"), kWhat, "rope_scaling.type and rope_scaling.rope_type differ",
+            {got("type", s.at("type").dump()), got("rope_type", s.at("rope_type").dump())}, "keep one of them");
+  }
+  MLACP_REQUIRE(type == "yarn", kWhat, "only YaRN rope scaling is supported", {got("rope_scaling.type", type)},
+          "use type \"yarn\" (DeepSeek) or set rope_scaling to null");
+  YarnScaling y;
+  y.factor = get_number(s, "factor", 1.0);
+  if (s.contains("original_max_position_embeddings")) y.original_max_position_embeddings =
+      get_int(s, "original_max_position_embeddings");
+  y.beta_fast = get_number(s, "beta_fast", 32.0);
+  y.beta_slow = get_number(s, "beta_slow", 1.0);
+  y.mscale = get_number(s, "mscale", 1.0);
+  y.mscale_all_dim = get_number(s, "mscale_all_dim", 0.0);
+  return y;
+}
+
+}  // namespace
+
+MlaConfig parse_config_json(const std::string& json_text) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw Error(kWhat, "not valid JSON", {got("parser", e.what())}, "check the file with a JSON validator");
+  }
+  MLACP_REQUIRE(j.is_object(), kWhat, "top level must be an object", {got("type", j.type_name())},
+          "a config.json is one JSON object");
+  reject_unknown(j, kAttentionFields, &ignored_model_fields(), "the config");
+
+  MlaConfig c;
+  c.hidden_size = get_int(j, "hidden_size");
+  c.num_heads = get_int(j, "num_attention_heads");
+  if (j.contains("q_lora_rank") && !j.at("q_lora_rank").is_null()) c.q_lora_rank = get_int(j, "q_lora_rank");
+  c.kv_lora_rank = get_int(j, "kv_lora_rank");
+  c.qk_nope_head_dim = get_int(j, "qk_nope_head_dim");
+  c.qk_rope_head_dim = get_int(j, "qk_rope_head_dim");
+  c.v_head_dim = get_int(j, "v_head_dim");
+  c.rms_norm_eps = get_number(j, "rms_norm_eps", 1e-6);
+  c.rope_theta = get_number(j, "rope_theta", 10000.0);
+  // DeepSeek's own modeling code always de-interleaves; HF writes rope_interleave explicitly.
+  c.rope_layout = get_bool(j, "rope_interleave", true) ? RopeLayout::interleaved : RopeLayout::half_split;
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) c.yarn = parse_yarn(j.at("rope_scaling"));
+  if (j.contains("max_position_embeddings")) c.max_position_embeddings = get_int(j, "max_position_embeddings");
+  c.attention_bias = get_bool(j, "attention_bias", false);
+  c.attention_dropout = get_number(j, "attention_dropout", 0.0);
+
+  // Contradictions between redundant fields.
+  if (j.contains("num_key_value_heads")) {
+    const int64_t kv_heads = get_int(j, "num_key_value_heads");
+    MLACP_REQUIRE(kv_heads == c.num_heads, kWhat, "MLA needs num_key_value_heads == num_attention_heads",
+            {got("num_key_value_heads", kv_heads), got("num_attention_heads", c.num_heads)},
+            "MLA expands keys per head from the latent; fix the config");
+  }
+  if (j.contains("qk_head_dim")) {
+    const int64_t qk = get_int(j, "qk_head_dim");
+    MLACP_REQUIRE(qk == c.qk_head_dim(), kWhat, "qk_head_dim must equal qk_nope_head_dim + qk_rope_head_dim",
+            {got("qk_head_dim", qk), got("qk_nope_head_dim", c.qk_nope_head_dim),
+             got("qk_rope_head_dim", c.qk_rope_head_dim)},
+            "drop qk_head_dim or make it consistent");
+  }
+  if (j.contains("head_dim")) {
+    const int64_t hd = get_int(j, "head_dim");
+    MLACP_REQUIRE(hd == c.qk_rope_head_dim || hd == c.qk_head_dim(), kWhat,
+            "head_dim must equal qk_rope_head_dim (HF DeepSeek-V3) or qk_nope_head_dim + qk_rope_head_dim",
+            {got("head_dim", hd), got("qk_rope_head_dim", c.qk_rope_head_dim), got("qk_head_dim", c.qk_head_dim())},
+            "drop head_dim or make it consistent");
+  }
+  if (j.contains("mlacp")) {
+    const json& m = j.at("mlacp");
+    MLACP_REQUIRE(m.is_object(), kWhat, "\"mlacp\" must be an object", {got("mlacp", m.dump())},
+            "use {\"output_gate\": false, ...}");
+    reject_unknown(m, kMlacpFields, nullptr, "mlacp");
+    c.output_gate = get_bool(m, "output_gate", false);
+    c.causal = get_bool(m, "causal", true);
+    c.up_proj_bias = get_bool(m, "up_proj_bias", false);
+    if (m.contains("softmax_scale")) c.softmax_scale = get_number(m, "softmax_scale", 0.0);
+  }
+  c.validate();
+  return c;
+}
+
+MlaConfig load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  MLACP_REQUIRE(static_cast<bool>(in), kWhat, "cannot open file", {got("path", path)},
+          "check the path, or use a preset (deepseek-v3, deepseek-v2-lite, tiny)");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_config_json(buffer.str());
+}
+
+std::string config_to_json(const MlaConfig& c, int indent) {
+  json j;
+  j["hidden_size"] = c.hidden_size;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_heads;
+  j["q_lora_rank"] = c.q_lora_rank ? json(*c.q_lora_rank) : json(nullptr);
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["v_head_dim"] = c.v_head_dim;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_interleave"] = c.rope_layout == RopeLayout::interleaved;
+  if (c.yarn) {
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", c.yarn->factor},
+                         {"original_max_position_embeddings", c.yarn->original_max_position_embeddings},
+                         {"beta_fast", c.yarn->beta_fast},
+                         {"beta_slow", c.yarn->beta_slow},
+                         {"mscale", c.yarn->mscale},
+                         {"mscale_all_dim", c.yarn->mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["attention_bias"] = c.attention_bias;
+  j["attention_dropout"] = c.attention_dropout;
+  json m = {{"output_gate", c.output_gate}, {"causal", c.causal}, {"up_proj_bias", c.up_proj_bias}};
+  if (c.softmax_scale) m["softmax_scale"] = *c.softmax_scale;
+  j["mlacp"] = m;
+  return j.dump(indent);
+}
+
+}  // namespace mlacp

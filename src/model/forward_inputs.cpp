@@ -1,0 +1,165 @@
+#include "model/forward_inputs.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "core/format.h"
+#include "mlacp/errors.h"
+
+namespace mlacp {
+namespace {
+
+constexpr const char* kWhat = "MLA forward";
+
+void check_hidden(const MlaConfig& config, const at::Tensor& hidden) {
+  MLACP_REQUIRE(hidden.defined(), kWhat, "hidden states must be a defined tensor", {}, "pass a [B, S, hidden] tensor");
+  MLACP_REQUIRE(hidden.dim() == 3, kWhat, "hidden states must be 3-D [B, S, hidden]",
+          {got("shape", shape_text(hidden))}, "reshape to [batch, seq, hidden]");
+  MLACP_REQUIRE(at::isFloatingType(hidden.scalar_type()), kWhat, "hidden states must be floating point",
+          {got("dtype", dtype_name(hidden.scalar_type()))}, "cast to float32/float64 (bf16 via autocast)");
+  MLACP_REQUIRE(hidden.size(0) > 0 && hidden.size(1) > 0, kWhat, "hidden states must not be empty",
+          {got("shape", shape_text(hidden))}, "pass at least one token");
+  MLACP_REQUIRE(hidden.size(2) == config.hidden_size, kWhat, "last dim of hidden states must equal hidden_size",
+          {got("hidden.size(-1)", hidden.size(2)), got("hidden_size", config.hidden_size)},
+          "check the config matches the model");
+}
+
+void check_unsupported(const MlaForwardOptions& o, bool training) {
+  MLACP_REQUIRE(!o.use_cache, kWhat, "KV cache is not supported (mlacp is for training)", {got("use_cache", true)},
+          "set use_cache=false");
+  MLACP_REQUIRE(!o.output_attentions, kWhat, "attention weights cannot be returned (they are never materialised)",
+          {got("output_attentions", true)}, "set output_attentions=false");
+  MLACP_REQUIRE(std::isfinite(o.dropout) && o.dropout >= 0.0, kWhat, "dropout must be finite and >= 0",
+          {got("dropout", o.dropout)}, "use 0");
+  MLACP_REQUIRE(!(training && o.dropout > 0.0), kWhat, "attention dropout must be 0 in training (exact attention)",
+          {got("dropout", o.dropout), got("training", training)}, "set dropout to 0");
+}
+
+at::Tensor resolve_mask(const at::Tensor& mask, const at::Tensor& hidden, bool packed) {
+  if (!mask.defined()) return {};
+  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+  MLACP_REQUIRE(!packed, kWhat, "packed sequences and an explicit attention mask are mutually exclusive",
+          {got("mask.shape", shape_text(mask))}, "encode documents with document_ends, or build one mask");
+  MLACP_REQUIRE(mask.scalar_type() == at::kBool, kWhat,
+          "attention_mask must be boolean (True = allowed); additive bias masks are not supported",
+          {got("mask.dtype", dtype_name(mask.scalar_type()))}, "convert with mask == 0 for a 0/-inf bias");
+  MLACP_REQUIRE(mask.device() == hidden.device(), kWhat, "attention_mask must be on the hidden states' device",
+          {got("mask.device", mask.device()), got("hidden.device", hidden.device())}, "move it with .to()");
+  const bool square = mask.dim() == 2 && mask.size(0) == seq && mask.size(1) == seq;
+  const bool four_d = mask.dim() == 4 && (mask.size(0) == batch || mask.size(0) == 1) && mask.size(1) == 1 &&
+                      mask.size(2) == seq && mask.size(3) == seq;
+  MLACP_REQUIRE(square || four_d, kWhat, "attention_mask must be [S, S] or [B|1, 1, S, S]",
+          {got("mask.shape", shape_text(mask)), got("B", batch), got("S", seq)},
+          "pass the global mask over the full sequence");
+  return square ? mask.view({1, 1, seq, seq}) : mask;
+}
+
+at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, const std::vector<int64_t>* ends) {
+  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(hidden.device());
+  at::Tensor derived = ends ? packed_positions(*ends, long_opts) : at::arange(seq, long_opts);  // [S]
+  derived = derived.unsqueeze(0).expand({batch, seq});
+  if (!ids.defined()) return derived.contiguous();
+  MLACP_REQUIRE(!ids.requires_grad(), kWhat, "position_ids must not require grad", {got("requires_grad", true)},
+          "pass positions as a constant integer tensor");
+  MLACP_REQUIRE(!at::isFloatingType(ids.scalar_type()) && ids.scalar_type() != at::kBool, kWhat,
+          "position_ids must be an integer tensor", {got("dtype", dtype_name(ids.scalar_type()))},
+          "use torch::arange(S, torch::kLong)");
+  MLACP_REQUIRE(ids.device() == hidden.device(), kWhat, "position_ids must be on the hidden states' device",
+          {got("position_ids.device", ids.device()), got("hidden.device", hidden.device())}, "move it with .to()");
+  const bool ok_shape = (ids.dim() == 1 && ids.size(0) == seq) ||
+                        (ids.dim() == 2 && (ids.size(0) == batch || ids.size(0) == 1) && ids.size(1) == seq);
+  MLACP_REQUIRE(ok_shape, kWhat, "position_ids must be [S] or [B|1, S]",
+          {got("position_ids.shape", shape_text(ids)), got("B", batch), got("S", seq)},
+          "one position per token");
+  at::Tensor positions = (ids.dim() == 1 ? ids.unsqueeze(0) : ids).to(at::kLong).expand({batch, seq}).contiguous();
+  MLACP_REQUIRE(positions.min().item<int64_t>() >= 0, kWhat, "position_ids must be >= 0",
+          {got("min", positions.min().item<int64_t>())}, "positions count from 0");
+  if (ends) {
+    MLACP_REQUIRE(at::equal(positions, derived), kWhat,
+            "conflicting length arguments: position_ids disagree with the positions implied by document_ends",
+            {got("document_ends", *ends)}, "pass only document_ends (positions restart per document)");
+  }
+  return positions;
+}
+
+}  // namespace
+
+std::vector<int64_t> normalize_document_ends(const std::vector<int64_t>& ends, int64_t token_count,
+                                             const std::string& name) {
+  std::vector<int64_t> out(ends);
+  if (!out.empty() && out.front() == 0) out.erase(out.begin());  // cu_seqlens with its leading 0
+  MLACP_REQUIRE(!out.empty(), kWhat, name + " must name at least one document", {got(name, ends)},
+          "pass the end of every document, the last one equal to the token count");
+  int64_t previous = 0;
+  for (int64_t end : out) {
+    MLACP_REQUIRE(end > previous, kWhat, name + " must be strictly increasing and positive", {got(name, ends)},
+            "pass cumulative ends such as [3, 73, 129, 256]");
+    previous = end;
+  }
+  MLACP_REQUIRE(out.back() == token_count, kWhat, name + " must end at the token count",
+          {got(name, ends), got("last", out.back()), got("tokens", token_count)},
+          "the last document ends where the sequence ends");
+  return out;
+}
+
+at::Tensor packed_positions(const std::vector<int64_t>& ends, const at::TensorOptions& options) {
+  std::vector<int64_t> positions;
+  positions.reserve(ends.back());
+  int64_t start = 0;
+  for (int64_t end : ends) {
+    for (int64_t t = start; t < end; ++t) positions.push_back(t - start);
+    start = end;
+  }
+  return at::tensor(positions, at::TensorOptions().dtype(at::kLong)).to(options.device());
+}
+
+ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
+                                       const MlaForwardOptions& o, bool training) {
+  check_hidden(config, hidden);
+  check_unsupported(o, training);
+  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+
+  // Document boundaries.
+  MLACP_REQUIRE(!(o.document_ends && o.document_lengths), kWhat,
+          "conflicting length arguments: document_ends and document_lengths are both given",
+          {got("document_ends", *o.document_ends), got("document_lengths", *o.document_lengths)},
+          "pass one of them");
+  std::optional<std::vector<int64_t>> ends;
+  if (o.document_lengths) {
+    std::vector<int64_t> cumulative;
+    int64_t total = 0;
+    for (int64_t length : *o.document_lengths) {
+      MLACP_REQUIRE(length > 0, kWhat, "document_lengths must all be > 0", {got("document_lengths", *o.document_lengths)},
+              "drop empty documents");
+      cumulative.push_back(total += length);
+    }
+    ends = cumulative;
+  } else if (o.document_ends) {
+    ends = o.document_ends;
+  }
+  MLACP_REQUIRE(!(o.key_document_ends && !ends), kWhat, "key_document_ends given without query document ends",
+          {got("key_document_ends", *o.key_document_ends)}, "pass document_ends (queries and keys share them)");
+  ResolvedForward r;
+  r.batch = batch;
+  r.seq_len = seq;
+  r.causal = o.is_causal.value_or(config.causal);
+  if (ends) {
+    MLACP_REQUIRE(batch == 1, kWhat, "packed sequences need batch 1", {got("batch", batch)},
+            "concatenate the batch into one row and pass its document_ends");
+    *ends = normalize_document_ends(*ends, seq, "document_ends");
+    if (o.key_document_ends) {
+      std::vector<int64_t> key_ends = normalize_document_ends(*o.key_document_ends, seq, "key_document_ends");
+      MLACP_REQUIRE(key_ends == *ends, kWhat, "query and key document boundaries must be identical",
+              {got("document_ends", *ends), got("key_document_ends", key_ends)},
+              "self-attention shares one packing; pass document_ends only");
+    }
+    r.document_ends = at::tensor(*ends, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
+  }
+  r.mask = resolve_mask(o.attention_mask, hidden, ends.has_value());
+  r.rope_positions = resolve_positions(o.position_ids, hidden, ends ? &*ends : nullptr);
+  return r;
+}
+
+}  // namespace mlacp

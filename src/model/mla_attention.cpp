@@ -1,0 +1,185 @@
+#include "mlacp/attention.h"
+
+#include <ATen/ATen.h>
+
+#include "core/format.h"
+#include "kernels/reference_attention.h"
+#include "kernels/rope.h"
+#include "mlacp/errors.h"
+#include "model/forward_inputs.h"
+
+namespace mlacp {
+
+// ---------------------------------------------------------------------------------------------
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, const at::TensorOptions& options) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({dim}, options));
+}
+
+at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+  // Normalise in at least float32 (DeepSeek's rule); the result keeps the input's dtype, so
+  // under autocast all three latents share one dtype.
+  const auto compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor xc = x.to(compute);
+  at::Tensor normalised = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (weight.to(compute) * normalised).to(x.scalar_type());
+}
+
+// ---------------------------------------------------------------------------------------------
+struct MlaAttentionImpl::RopeState {
+  RopeFrequencies frequencies;
+};
+
+namespace {
+
+torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+constexpr const char* kCore = "MLA attention core";
+
+}  // namespace
+
+MlaAttentionImpl::MlaAttentionImpl(const MlaConfig& config, const at::TensorOptions& options)
+    : config_(config), local_heads_(config.num_heads), scaling_(config.scaling()) {
+  config_.validate();
+  const MlaConfig& c = config_;
+  const int64_t h = local_heads_;
+  if (c.q_lora_rank) {
+    q_a_proj = register_module("q_a_proj", make_linear(c.hidden_size, *c.q_lora_rank, c.attention_bias));
+    q_a_layernorm = register_module("q_a_layernorm", RmsNorm(*c.q_lora_rank, c.rms_norm_eps, options));
+    q_b_proj = register_module("q_b_proj", make_linear(*c.q_lora_rank, h * c.qk_head_dim(), c.up_proj_bias));
+  } else {
+    q_proj = register_module("q_proj", make_linear(c.hidden_size, h * c.qk_head_dim(), c.attention_bias));
+  }
+  kv_a_proj_with_mqa = register_module(
+      "kv_a_proj_with_mqa", make_linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias));
+  kv_a_layernorm = register_module("kv_a_layernorm", RmsNorm(c.kv_lora_rank, c.rms_norm_eps, options));
+  kv_b_proj = register_module(
+      "kv_b_proj", make_linear(c.kv_lora_rank, h * (c.qk_nope_head_dim + c.v_head_dim), c.up_proj_bias));
+  if (c.output_gate) {
+    o_gate_proj = register_module("o_gate_proj", make_linear(c.hidden_size, h * c.v_head_dim, c.attention_bias));
+  }
+  o_proj = register_module("o_proj", make_linear(h * c.v_head_dim, c.hidden_size, c.attention_bias));
+  to(options.device(), options.dtype().toScalarType());
+  rope_ = std::make_shared<RopeState>(RopeState{make_rope_frequencies(c)});
+}
+
+torch::nn::Linear& MlaAttentionImpl::query_up_projection() { return config_.q_lora_rank ? q_b_proj : q_proj; }
+
+ResolvedForward MlaAttentionImpl::resolve(const at::Tensor& hidden, const MlaForwardOptions& options) const {
+  return resolve_forward_inputs(config_, hidden, options, is_training());
+}
+
+at::Tensor MlaAttentionImpl::forward(const at::Tensor& hidden, const MlaForwardOptions& options) {
+  const ResolvedForward resolved = resolve(hidden, options);
+  const LocalLatents latents = compute_latents(hidden);
+  const at::Tensor attention = reference_core(latents, resolved);  // [B, S, H*Dv]
+  return project_output(attention, hidden);                          // [B, S, d]
+}
+
+LocalLatents MlaAttentionImpl::compute_latents(const at::Tensor& hidden) {
+  const MlaConfig& c = config_;
+  LocalLatents latents;
+  at::Tensor compressed = kv_a_proj_with_mqa(hidden);                                  // [B, S, Rkv+Dr]
+  latents.kv_latent = kv_a_layernorm(compressed.narrow(-1, 0, c.kv_lora_rank));       // [B, S, Rkv]
+  latents.key_rope_raw = compressed.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim);   // [B, S, Dr]
+  // Without a q latent the hidden state is the query "latent"; under autocast it takes the
+  // latents' dtype (q_proj would cast it anyway), so all three travel in one dtype.
+  latents.query_latent = c.q_lora_rank ? q_a_layernorm(q_a_proj(hidden))             // [B, S, Rq|d]
+                                       : hidden.to(compressed.scalar_type());
+  return latents;
+}
+
+at::Tensor MlaAttentionImpl::expand_query(const at::Tensor& query_latent, const at::Tensor& rope_positions) {
+  const MlaConfig& c = config_;
+  at::Tensor q = query_up_projection()(query_latent);  // [B, S, H*Dqk]
+  q = q.view({q.size(0), q.size(1), local_heads_, c.qk_head_dim()});  // [B, S, H, Dqk]
+  at::Tensor q_nope = q.narrow(-1, 0, c.qk_nope_head_dim);
+  at::Tensor q_pe = apply_rope(q.narrow(-1, c.qk_nope_head_dim, c.qk_rope_head_dim), rope_positions,
+                               rope_->frequencies);
+  return at::cat({q_nope, q_pe}, -1);  // [B, S, H, Dqk]
+}
+
+at::Tensor MlaAttentionImpl::rotate_key(const at::Tensor& key_rope_raw, const at::Tensor& rope_positions) const {
+  return apply_rope(key_rope_raw, rope_positions, rope_->frequencies);  // [B, S, Dr]
+}
+
+std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::Tensor& kv_latent,
+                                                                     const at::Tensor& key_rope,
+                                                                     int64_t head_begin, int64_t head_end) {
+  const MlaConfig& c = config_;
+  const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
+  MLACP_REQUIRE(0 <= head_begin && head_begin < head_end && head_end <= local_heads_, kCore,
+          "head range must lie inside kv_b_proj's heads",
+          {got("head_begin", head_begin), got("head_end", head_end), got("heads", local_heads_)},
+          "use [u*Hc, (u+1)*Hc) for Ulysses rank u");
+  const int64_t heads = head_end - head_begin;
+  // Slicing the parameter keeps its identity: the gradient lands in these rows only.
+  at::Tensor weight = kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
+  at::Tensor bias;
+  if (kv_b_proj->bias.defined()) bias = kv_b_proj->bias.narrow(0, head_begin * head_width, heads * head_width);
+  at::Tensor kv = at::linear(kv_latent, weight, bias);                   // [B, S, h*(Dn+Dv)]
+  kv = kv.view({kv.size(0), kv.size(1), heads, head_width});             // [B, S, h, Dn+Dv]
+  at::Tensor key_nope = kv.narrow(-1, 0, c.qk_nope_head_dim);            // [B, S, h, Dn]
+  at::Tensor value = kv.narrow(-1, c.qk_nope_head_dim, c.v_head_dim);    // [B, S, h, Dv]
+  at::Tensor shared = key_rope.unsqueeze(2).expand({kv.size(0), kv.size(1), heads, c.qk_rope_head_dim});
+  at::Tensor key = at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);  // [B, S, h, Dqk]
+  return {key, value};
+}
+
+void MlaAttentionImpl::validate_latents(const LocalLatents& l) const {
+  const MlaConfig& c = config_;
+  const std::pair<const at::Tensor*, const char*> all[] = {
+      {&l.query_latent, "query_latent"}, {&l.kv_latent, "kv_latent"}, {&l.key_rope_raw, "key_rope_raw"}};
+  for (const auto& [tensor, name] : all) {
+    MLACP_REQUIRE(tensor->defined() && tensor->dim() == 3, kCore, std::string(name) + " must be 3-D [B, S, rank]",
+            {got(std::string(name) + ".shape", shape_text(*tensor))}, "pass the outputs of compute_latents");
+    MLACP_REQUIRE(tensor->numel() > 0, kCore, std::string(name) + " must not be empty",
+            {got(std::string(name) + ".shape", shape_text(*tensor))}, "pass at least one token");
+  }
+  const at::Tensor& q = l.query_latent;
+  for (const auto& [tensor, name] : all) {
+    MLACP_REQUIRE(tensor->size(0) == q.size(0) && tensor->size(1) == q.size(1), kCore,
+            "latents must share batch and sequence dims",
+            {got("query_latent.shape", shape_text(q)), got(std::string(name) + ".shape", shape_text(*tensor))},
+            "pass latents of the same tokens");
+    MLACP_REQUIRE(tensor->scalar_type() == q.scalar_type(), kCore, "latents must share one dtype",
+            {got("query_latent.dtype", dtype_name(q.scalar_type())),
+             got(std::string(name) + ".dtype", dtype_name(tensor->scalar_type()))},
+            "cast them to one dtype");
+    MLACP_REQUIRE(tensor->device() == q.device(), kCore, "latents must be on one device",
+            {got("query_latent.device", q.device()), got(std::string(name) + ".device", tensor->device())},
+            "move them to one device");
+  }
+  const std::pair<int64_t, int64_t> widths[] = {
+      {q.size(2), c.query_latent_dim()}, {l.kv_latent.size(2), c.kv_lora_rank}, {l.key_rope_raw.size(2), c.qk_rope_head_dim}};
+  for (size_t i = 0; i < 3; ++i) {
+    MLACP_REQUIRE(widths[i].first == widths[i].second, kCore, std::string(all[i].second) + " has the wrong width",
+            {got("width", widths[i].first), got("expected", widths[i].second)}, "check the config");
+  }
+}
+
+at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const ResolvedForward& r) {
+  validate_latents(latents);
+  const MlaConfig& c = config_;
+  at::Tensor query = expand_query(latents.query_latent, r.rope_positions);      // [B, S, H, Dqk]
+  at::Tensor key_rope = rotate_key(latents.key_rope_raw, r.rope_positions);    // [B, S, Dr]
+  auto [key, value] = expand_key_value(latents.kv_latent, key_rope, 0, local_heads_);
+  AttentionStructure structure;
+  structure.causal = r.causal;
+  structure.query_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
+  structure.key_token_index = structure.query_token_index;
+  structure.document_ends = r.document_ends;
+  structure.mask = r.mask;
+  at::Tensor out = reference_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                       scaling_, structure);                   // [B, H, S, Dv]
+  return out.transpose(1, 2).reshape({r.batch, r.seq_len, local_heads_ * c.v_head_dim});  // [B, S, H*Dv]
+}
+
+at::Tensor MlaAttentionImpl::project_output(const at::Tensor& attention, const at::Tensor& hidden) {
+  at::Tensor gated = attention;                                       // [B, S, H*Dv]
+  if (config_.output_gate) gated = attention * at::sigmoid(o_gate_proj(hidden));
+  return o_proj(gated);                                               // [B, S, d]
+}
+
+}  // namespace mlacp

@@ -1,0 +1,49 @@
+// `mlacp info`: what this machine gives mlacp (LibTorch, BLAS, threads, Gloo, GEMM rates).
+#include <iostream>
+
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include "commands.h"
+#include "comm/gloo_probe.h"
+#include "kernels/gemm_rate.h"
+#include "mlacp/config.h"
+#include "table.h"
+
+namespace mlacp::tools {
+
+CLI::App* add_info_command(CLI::App& app, InfoArgs& args) {
+  CLI::App* cmd = app.add_subcommand("info", "LibTorch version, BLAS, threads, Gloo, measured GEMM GFLOP/s");
+  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM timed per dtype")->check(CLI::Range(64, 8192));
+  cmd->add_flag("--skip-gemm", args.skip_gemm, "do not time GEMMs");
+  return cmd;
+}
+
+int run_info(const CommonArgs& common, const InfoArgs& args) {
+  apply_threads(common);
+  std::cout << "mlacp        0.1.0\n";
+  std::cout << "LibTorch     " << TORCH_VERSION << "\n";
+  std::cout << "threads      " << at::get_num_threads() << " intra-op (set with --threads)\n";
+  const BlasInfo blas = loaded_blas();
+  std::cout << "BLAS         " << blas.library
+            << (blas.is_reference ? "  [reference netlib BLAS: float32 GEMM is slow; apt-get install libopenblas0-pthread]"
+                                  : "")
+            << "\n";
+  const GlooProbe gloo = probe_gloo();
+  std::cout << "c10d Gloo    " << (gloo.available ? "available" : "NOT available") << " (" << gloo.detail << ")\n";
+  std::cout << "presets      ";
+  for (const auto& name : preset_names()) std::cout << name << " ";
+  std::cout << "\n";
+  if (args.skip_gemm) return 0;
+  std::cout << "\n";
+  Table table({"GEMM", "n", "median ms", "GFLOP/s"});
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const GemmRate rate = measure_gemm(dtype, args.gemm_size);
+    table.add({dtype == at::kFloat ? "float32" : "bfloat16", std::to_string(rate.size), fixed(rate.median_ms, 2),
+               fixed(rate.gflops, 1)});
+  }
+  table.print(std::cout);
+  return 0;
+}
+
+}  // namespace mlacp::tools
