@@ -6,9 +6,7 @@ build="${MLACP_BUILD_DIR:-$root/build}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 jobs="${MLACP_BUILD_JOBS:-$(nproc)}"
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 if (($# > 0)); then
   targets=(); for t in "$@"; do targets+=(--target "$t"); done
   cmake --build "$build" -j "$jobs" "${targets[@]}"
