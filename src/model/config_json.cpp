@@ -1,5 +1,6 @@
 // HuggingFace-style config.json <-> MlaConfig. Field names are DeepSeek-V3's; mlacp's own
 // extensions live under "mlacp". Unknown fields and contradictions are errors.
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -54,6 +55,9 @@ int64_t get_int(const json& j, const std::string& key) {
   const json& v = j.at(key);
   MLACP_REQUIRE(v.is_number_integer(), kWhat, "field must be an integer", {got("field", key), got("value", v.dump())},
           "write it without quotes or decimals");
+  MLACP_REQUIRE(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), kWhat,
+                "integer field is out of range", {got("field", key), got("value", v.dump())},
+                "use a value below 2^63");
   return v.get<int64_t>();
 }
 
@@ -77,7 +81,12 @@ YarnScaling parse_yarn(const json& s) {
   MLACP_REQUIRE(s.is_object(), kWhat, "rope_scaling must be an object or null", {got("rope_scaling", s.dump())},
           "use {\"type\": \"yarn\", \"factor\": ...} or null");
   reject_unknown(s, kYarnFields, nullptr, "rope_scaling");
-  std::string type = s.value("type", s.value("rope_type", std::string("")));
+  for (const char* name : {"type", "rope_type"}) {
+    MLACP_REQUIRE(!s.contains(name) || s.at(name).is_string(), kWhat, std::string("rope_scaling.") + name +
+                  " must be a string", {got(name, s.contains(name) ? s.at(name).dump() : "")}, "use \"yarn\"");
+  }
+  std::string type = s.contains("type") ? s.at("type").get<std::string>()
+                                        : (s.contains("rope_type") ? s.at("rope_type").get<std::string>() : "");
   if (s.contains("type") && s.contains("rope_type")) {
     MLACP_REQUIRE(s.at("type") == s.at("rope_type"), kWhat, "rope_scaling.type and rope_scaling.rope_type differ",
             {got("type", s.at("type").dump()), got("rope_type", s.at("rope_type").dump())}, "keep one of them");
@@ -154,7 +163,9 @@ MlaConfig parse_config_json(const std::string& json_text) {
     c.output_gate = get_bool(m, "output_gate", false);
     c.causal = get_bool(m, "causal", true);
     c.up_proj_bias = get_bool(m, "up_proj_bias", false);
-    if (m.contains("softmax_scale")) c.softmax_scale = get_number(m, "softmax_scale", 0.0);
+    if (m.contains("softmax_scale") && !m.at("softmax_scale").is_null()) {
+      c.softmax_scale = get_number(m, "softmax_scale", 0.0);
+    }
   }
   c.validate();
   return c;

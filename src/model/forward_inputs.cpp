@@ -128,6 +128,8 @@ ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor
           "pass one of them");
   std::optional<std::vector<int64_t>> ends;
   if (o.document_lengths) {
+    MLACP_REQUIRE(!o.document_lengths->empty(), kWhat, "document_lengths must name at least one document",
+                  {got("document_lengths", *o.document_lengths)}, "pass the length of every document");
     std::vector<int64_t> cumulative;
     int64_t total = 0;
     for (int64_t length : *o.document_lengths) {

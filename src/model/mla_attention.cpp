@@ -113,6 +113,13 @@ std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::T
           "head range must lie inside kv_b_proj's heads",
           {got("head_begin", head_begin), got("head_end", head_end), got("heads", local_heads_)},
           "use [u*Hc, (u+1)*Hc) for Ulysses rank u");
+  MLACP_REQUIRE(kv_latent.dim() == 3 && kv_latent.size(2) == c.kv_lora_rank && key_rope.dim() == 3 &&
+                    key_rope.size(2) == c.qk_rope_head_dim && key_rope.size(0) == kv_latent.size(0) &&
+                    key_rope.size(1) == kv_latent.size(1),
+                kCore, "expand_key_value takes kv_latent [B, S, Rkv] and key_rope [B, S, Dr]",
+                {got("kv_latent.shape", shape_text(kv_latent)), got("key_rope.shape", shape_text(key_rope)),
+                 got("Rkv", c.kv_lora_rank), got("Dr", c.qk_rope_head_dim)},
+                "pass the latents of compute_latents");
   const int64_t heads = head_end - head_begin;
   // Slicing the parameter keeps its identity: the gradient lands in these rows only.
   at::Tensor weight = kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
@@ -161,6 +168,11 @@ void MlaAttentionImpl::validate_latents(const LocalLatents& l) const {
 
 at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const ResolvedForward& r) {
   validate_latents(latents);
+  MLACP_REQUIRE(latents.query_latent.size(0) == r.batch && latents.query_latent.size(1) == r.seq_len, kCore,
+                "latents must cover the resolved batch and sequence",
+                {got("latents.shape", shape_text(latents.query_latent)), got("batch", r.batch),
+                 got("seq_len", r.seq_len)},
+                "resolve and compute the latents from the same hidden states");
   const MlaConfig& c = config_;
   at::Tensor query = expand_query(latents.query_latent, r.rope_positions);      // [B, S, H, Dqk]
   at::Tensor key_rope = rotate_key(latents.key_rope_raw, r.rope_positions);    // [B, S, Dr]

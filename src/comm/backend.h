@@ -1,0 +1,35 @@
+// c10d types as mlacp's comm layer uses them (private to src/comm). LibTorch 1.13's Gloo group
+// derives from c10d::ProcessGroup; 2.x's from c10d::Backend with the same collective signatures.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include "comm/comm.h"
+
+namespace mlacp {
+
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+struct CommGroup::Impl {
+  c10::intrusive_ptr<C10dBackend> backend;  // null for a group of size 1
+  int64_t rank = 0;
+  int64_t size = 1;
+  std::string name;
+  std::shared_ptr<CommCounters> counters;
+  std::shared_ptr<LinkModel> link;
+};
+
+}  // namespace mlacp

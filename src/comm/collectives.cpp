@@ -1,0 +1,356 @@
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <ATen/ATen.h>
+
+#include "comm/backend.h"
+#include "core/format.h"
+#include "mlacp/errors.h"
+
+namespace mlacp {
+
+// --- counters and link ----------------------------------------------------------------------
+std::string collective_kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_reduce: return "all_reduce";
+  }
+  return "?";
+}
+
+void CommCounters::add(CollectiveKind kind, const std::string& label, int64_t bytes) {
+  by_kind_[kind].bytes += bytes;
+  by_kind_[kind].calls += 1;
+  by_label_[label].bytes += bytes;
+  by_label_[label].calls += 1;
+}
+void CommCounters::reset() {
+  by_kind_.clear();
+  by_label_.clear();
+}
+CommTotals CommCounters::by_kind(CollectiveKind kind) const {
+  auto it = by_kind_.find(kind);
+  return it == by_kind_.end() ? CommTotals{} : it->second;
+}
+int64_t CommCounters::total_bytes() const {
+  int64_t total = 0;
+  for (const auto& item : by_kind_) total += item.second.bytes;
+  return total;
+}
+
+double LinkModel::transfer_seconds(int64_t bytes) const {
+  double seconds = latency_seconds;
+  if (bandwidth_bytes_per_second > 0.0) seconds += static_cast<double>(bytes) / bandwidth_bytes_per_second;
+  return seconds;
+}
+
+int64_t CommGroup::rank() const { return impl_->rank; }
+int64_t CommGroup::size() const { return impl_->size; }
+const std::string& CommGroup::name() const { return impl_->name; }
+
+// --- the handle -----------------------------------------------------------------------------
+using Clock = std::chrono::steady_clock;
+
+struct AsyncHandle::State {
+  c10::intrusive_ptr<c10d::Work> work;        // null when nothing was sent (group of 1)
+  std::vector<at::Tensor> buffers;            // send/receive buffers kept alive until wait
+  std::function<std::vector<at::Tensor>()> finish;  // restores the layout after completion
+  Clock::time_point launched_at;
+  int64_t bytes = 0;
+  std::string label;
+  std::shared_ptr<LinkModel> link;
+  bool waited = false;
+};
+
+AsyncHandle::AsyncHandle() = default;
+AsyncHandle::AsyncHandle(std::unique_ptr<State> state) : state_(std::move(state)) {}
+AsyncHandle::AsyncHandle(AsyncHandle&&) noexcept = default;
+AsyncHandle& AsyncHandle::operator=(AsyncHandle&&) noexcept = default;
+AsyncHandle::~AsyncHandle() {
+  // A launched but never waited collective still owns its buffers: finish the transfer so the
+  // backend never writes into freed memory. Errors are swallowed here (we may be unwinding).
+  if (state_ && !state_->waited && state_->work) {
+    try {
+      state_->work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+bool AsyncHandle::valid() const { return state_ && !state_->waited; }
+int64_t AsyncHandle::bytes() const { return state_ ? state_->bytes : 0; }
+const std::string& AsyncHandle::label() const {
+  static const std::string none = "";
+  return state_ ? state_->label : none;
+}
+
+std::vector<at::Tensor> AsyncHandle::wait() {
+  MLACP_REQUIRE(state_ != nullptr, "async collective", "wait() on a handle that was never launched", {},
+                "launch the collective before waiting for it");
+  MLACP_REQUIRE(!state_->waited, "async collective", "a handle may be waited exactly once",
+                {got("label", state_->label)}, "keep the result of the first wait()");
+  state_->waited = true;
+  if (state_->work) state_->work->wait();
+  if (state_->link && state_->link->enabled() && state_->work) {
+    const auto done = state_->launched_at +
+                      std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(state_->link->transfer_seconds(state_->bytes)));
+    std::this_thread::sleep_until(done);
+  }
+  std::vector<at::Tensor> results = state_->finish();
+  state_->buffers.clear();
+  state_->work.reset();
+  return results;
+}
+
+at::Tensor AsyncHandle::wait_one() {
+  std::vector<at::Tensor> results = wait();
+  MLACP_REQUIRE(results.size() == 1, "async collective", "wait_one() on a collective with several results",
+                {got("results", results.size())}, "use wait()");
+  return results[0];
+}
+
+namespace {
+
+constexpr const char* kWhat = "collective";
+
+// 16-bit floats travel as bit copies (Gloo 1.13 has no bf16).
+at::Tensor wire_view(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
+std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std::string& label, int64_t bytes,
+                                              CollectiveKind kind) {
+  auto state = std::make_unique<AsyncHandle::State>();
+  state->launched_at = Clock::now();
+  state->label = label;
+  state->bytes = bytes;
+  state->link = group.impl().link;
+  if (group.size() > 1 && group.impl().counters) group.impl().counters->add(kind, label, bytes);
+  return state;
+}
+
+AsyncHandle finished(const CommGroup& group, const std::string& label, CollectiveKind kind,
+                     std::function<std::vector<at::Tensor>()> finish) {
+  auto state = new_state(group, label, 0, kind);
+  state->finish = std::move(finish);
+  return AsyncHandle(std::move(state));
+}
+
+// Equal-split all-to-all of send [G, ...] (contiguous) into a new receive buffer [G, ...].
+c10::intrusive_ptr<c10d::Work> all_to_all(const CommGroup& group, at::Tensor& send, at::Tensor& receive) {
+  at::Tensor send_wire = wire_view(send), receive_wire = wire_view(receive);
+  std::vector<int64_t> out_splits, in_splits;  // empty = equal splits (the backend may move them)
+  return group.impl().backend->alltoall_base(receive_wire, send_wire, out_splits, in_splits);
+}
+
+void check_heads_divisible(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  MLACP_REQUIRE(x.dim() == 4, kWhat, "Ulysses exchanges take [B, S, H, D] tensors",
+                {got("label", label), got("shape", shape_text(x))}, "reshape to [batch, seq, heads, dim]");
+  MLACP_REQUIRE(x.size(2) % group.size() == 0, kWhat, "heads must be divisible by the Ulysses group size",
+                {got("label", label), got("heads", x.size(2)), got("group_size", group.size())},
+                "choose a Ulysses degree that divides the local heads");
+}
+
+}  // namespace
+
+AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<at::Tensor>& xs,
+                                      const std::string& label) {
+  const int64_t g = group.size();
+  for (const auto& x : xs) check_heads_divisible(group, x, label);
+  const at::Tensor& first = xs.front();
+  const int64_t b = first.size(0), s = first.size(1), h = first.size(2), hc = h / g;
+  std::vector<int64_t> widths;
+  int64_t width = 0;
+  for (const auto& x : xs) {
+    MLACP_REQUIRE(x.size(0) == b && x.size(1) == s && x.size(2) == h && x.scalar_type() == first.scalar_type(),
+                  kWhat, "packed tensors must share batch, seq, heads and dtype",
+                  {got("label", label), got("first", shape_text(first)), got("other", shape_text(x))},
+                  "exchange them separately");
+    widths.push_back(x.size(3));
+    width += x.size(3);
+  }
+  auto split = [widths, b, g, s, hc](const at::Tensor& packed) {  // packed [B, G*S_l, Hc, sum D]
+    std::vector<at::Tensor> parts;
+    int64_t offset = 0;
+    for (int64_t w : widths) {
+      parts.push_back(packed.narrow(-1, offset, w));
+      offset += w;
+    }
+    return parts;
+  };
+  if (g == 1) {
+    return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
+  }
+  // send [G(dest), B, S_l, Hc, sum D]: head block j goes to rank j; one copy, contiguous.
+  at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
+  int64_t offset = 0;
+  for (const auto& x : xs) {
+    send.narrow(-1, offset, x.size(3)).copy_(x.view({b, s, g, hc, x.size(3)}).permute({2, 0, 1, 3, 4}));
+    offset += x.size(3);
+  }
+  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, Hc, sum D]
+  const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
+  auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
+  state->work = all_to_all(group, send, receive);
+  state->buffers = {send, receive};
+  state->finish = [receive, split, b, g, s, hc, width] {
+    // [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]: tokens in source-rank order.
+    return split(receive.permute({1, 0, 2, 3, 4}).reshape({b, g * s, hc, width}));
+  };
+  return AsyncHandle(std::move(state));
+}
+
+AsyncHandle launch_seq_to_head(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  return launch_seq_to_head_packed(group, {x}, label);
+}
+
+AsyncHandle launch_head_to_seq_packed(const CommGroup& group, const std::vector<at::Tensor>& xs,
+                                      const std::string& label) {
+  const int64_t g = group.size();
+  const at::Tensor& first = xs.front();
+  MLACP_REQUIRE(first.dim() == 4 && first.size(1) % g == 0, kWhat,
+                "head->seq takes [B, G*S_l, Hc, D] with the sequence divisible by the group size",
+                {got("label", label), got("shape", shape_text(first)), got("group_size", g)},
+                "pass the attention output of this Ulysses group");
+  const int64_t b = first.size(0), s = first.size(1) / g, hc = first.size(2);
+  std::vector<int64_t> widths;
+  int64_t width = 0;
+  for (const auto& x : xs) {
+    MLACP_REQUIRE(x.dim() == 4 && x.size(0) == b && x.size(1) == g * s && x.size(2) == hc &&
+                      x.scalar_type() == first.scalar_type(),
+                  kWhat, "packed tensors must share batch, seq, heads and dtype",
+                  {got("label", label), got("first", shape_text(first)), got("other", shape_text(x))},
+                  "exchange them separately");
+    widths.push_back(x.size(3));
+    width += x.size(3);
+  }
+  if (g == 1) {
+    return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
+  }
+  // send [G(dest = token owner), B, S_l, Hc, sum D]
+  at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
+  int64_t offset = 0;
+  for (const auto& x : xs) {
+    send.narrow(-1, offset, x.size(3)).copy_(x.view({b, g, s, hc, x.size(3)}).permute({1, 0, 2, 3, 4}));
+    offset += x.size(3);
+  }
+  at::Tensor receive = at::empty_like(send);  // [G(source = head block), B, S_l, Hc, sum D]
+  const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
+  auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
+  state->work = all_to_all(group, send, receive);
+  state->buffers = {send, receive};
+  state->finish = [receive, widths, b, g, s, hc, width] {
+    // [G, B, S_l, Hc, W] -> [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
+    at::Tensor restored = receive.permute({1, 2, 0, 3, 4}).reshape({b, s, g * hc, width});
+    std::vector<at::Tensor> parts;
+    int64_t off = 0;
+    for (int64_t w : widths) {
+      parts.push_back(restored.narrow(-1, off, w));
+      off += w;
+    }
+    return parts;
+  };
+  return AsyncHandle(std::move(state));
+}
+
+AsyncHandle launch_head_to_seq(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  return launch_head_to_seq_packed(group, {x}, label);
+}
+
+AsyncHandle launch_all_gather_seq(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  const int64_t g = group.size();
+  MLACP_REQUIRE(x.dim() >= 2, kWhat, "all-gather along the sequence takes [B, S_l, ...]",
+                {got("label", label), got("shape", shape_text(x))}, "add the batch dim");
+  if (g == 1) return finished(group, label, CollectiveKind::all_gather, [x] { return std::vector<at::Tensor>{x}; });
+  at::Tensor send = x.contiguous();
+  std::vector<int64_t> shape{g};
+  for (int64_t d : x.sizes()) shape.push_back(d);
+  at::Tensor receive = at::empty(shape, x.options());  // [G, B, S_l, ...]
+  std::vector<at::Tensor> inputs{wire_view(send)};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  at::Tensor receive_wire = wire_view(receive);
+  for (int64_t r = 0; r < g; ++r) outputs[0].push_back(receive_wire[r]);
+  const int64_t bytes = send.numel() * send.element_size() * (g - 1);
+  auto state = new_state(group, label, bytes, CollectiveKind::all_gather);
+  state->work = group.impl().backend->allgather(outputs, inputs);
+  state->buffers = {send, receive};
+  state->finish = [receive, g] {
+    // [G, B, S_l, ...] -> [B, G*S_l, ...]
+    std::vector<int64_t> out_shape{receive.size(1), g * receive.size(2)};
+    for (int64_t d = 3; d < receive.dim(); ++d) out_shape.push_back(receive.size(d));
+    return std::vector<at::Tensor>{receive.transpose(0, 1).reshape(out_shape)};
+  };
+  return AsyncHandle(std::move(state));
+}
+
+AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  const int64_t g = group.size();
+  MLACP_REQUIRE(x.dim() >= 2 && x.size(1) % g == 0, kWhat,
+                "reduce-scatter along the sequence takes [B, G*S_l, ...]",
+                {got("label", label), got("shape", shape_text(x)), got("group_size", g)},
+                "pass the gradient of an all-gathered tensor");
+  if (g == 1) return finished(group, label, CollectiveKind::reduce_scatter, [x] { return std::vector<at::Tensor>{x}; });
+  const auto out_dtype = x.scalar_type();
+  const bool widen = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;  // accumulate in float32
+  std::vector<int64_t> split_shape{x.size(0), g, x.size(1) / g};
+  for (int64_t d = 2; d < x.dim(); ++d) split_shape.push_back(x.size(d));
+  // send [G(dest), B, S_l, ...]: block j of the sequence goes to rank j.
+  at::Tensor send = x.reshape(split_shape).transpose(0, 1).to(widen ? at::kFloat : out_dtype).contiguous();
+  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, ...]
+  const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
+  auto state = new_state(group, label, bytes, CollectiveKind::reduce_scatter);
+  state->work = all_to_all(group, send, receive);
+  state->buffers = {send, receive};
+  state->finish = [receive, out_dtype] { return std::vector<at::Tensor>{receive.sum(0).to(out_dtype)}; };
+  return AsyncHandle(std::move(state));
+}
+
+AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, const std::string& label) {
+  const int64_t g = group.size();
+  if (g == 1) return finished(group, label, CollectiveKind::all_reduce, [x] { return std::vector<at::Tensor>{x}; });
+  const auto out_dtype = x.scalar_type();
+  const bool widen = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;
+  at::Tensor buffer = x.to(widen ? at::kFloat : out_dtype).contiguous().clone();
+  std::vector<at::Tensor> tensors{buffer};
+  // Ring all-reduce volume: 2 (G-1)/G of the buffer.
+  const int64_t bytes = 2 * buffer.numel() * buffer.element_size() * (g - 1) / g;
+  auto state = new_state(group, label, bytes, CollectiveKind::all_reduce);
+  state->work = group.impl().backend->allreduce(tensors);
+  state->buffers = {buffer};
+  state->finish = [buffer, out_dtype] { return std::vector<at::Tensor>{buffer.to(out_dtype)}; };
+  return AsyncHandle(std::move(state));
+}
+
+std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values) {
+  if (group.size() == 1 || values.empty()) return values;
+  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  group.impl().backend->allreduce(tensors, options)->wait();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value) {
+  if (group.size() == 1) return {value};
+  at::Tensor mine = at::empty({1}, at::kLong);
+  mine[0] = static_cast<int64_t>(value);
+  at::Tensor all = at::empty({group.size()}, at::kLong);
+  std::vector<at::Tensor> inputs{mine};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t r = 0; r < group.size(); ++r) outputs[0].push_back(all.narrow(0, r, 1));
+  group.impl().backend->allgather(outputs, inputs)->wait();
+  std::vector<uint64_t> values;
+  for (int64_t r = 0; r < group.size(); ++r) values.push_back(static_cast<uint64_t>(all[r].item<int64_t>()));
+  return values;
+}
+
+void barrier(const CommGroup& group) {
+  if (group.size() > 1) group.impl().backend->barrier()->wait();
+}
+
+}  // namespace mlacp

@@ -1,0 +1,158 @@
+// Rendezvous and group construction: one store, one prefix per group, created in the same order
+// on every rank (each rank builds only the groups it belongs to).
+#include <cstdlib>
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "comm/backend.h"
+#include "mlacp/errors.h"
+
+namespace mlacp {
+namespace {
+
+constexpr const char* kWhat = "process groups";
+
+int64_t env_int(const char* name, bool required, int64_t fallback) {
+  const char* text = std::getenv(name);
+  if (!text) {
+    MLACP_REQUIRE(!required, kWhat, "environment variable is not set", {got("variable", name)},
+                  "launch with torchrun, or use mlacp's --nproc N local launcher");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  MLACP_REQUIRE(end != text && *end == '\0' && value >= 0, kWhat, "environment variable must be an integer >= 0",
+                {got("variable", name), got("value", text)}, "fix the launcher's environment");
+  return value;
+}
+
+c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                             int64_t size, const GroupOptions& options) {
+#ifdef USE_C10D_NCCL
+  if (options.cuda) {
+    auto nccl = c10d::ProcessGroupNCCL::Options::create();
+    nccl->timeout = options.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl);
+  }
+#else
+  MLACP_REQUIRE(!options.cuda, kWhat, "CUDA tensors need NCCL, and this LibTorch has no c10d NCCL", {},
+                "build against a CUDA LibTorch, or run on CPU");
+#endif
+  auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  gloo->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size), gloo);
+}
+
+// Builds the group of `members` (world ranks) if this rank is one of them.
+CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                     const std::vector<int64_t>& members, int64_t world_rank, const GroupOptions& options,
+                     const std::shared_ptr<CommCounters>& counters, const std::shared_ptr<LinkModel>& link) {
+  auto impl = std::make_shared<CommGroup::Impl>();
+  impl->size = static_cast<int64_t>(members.size());
+  impl->name = name;
+  impl->counters = counters;
+  impl->link = link;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] == world_rank) impl->rank = static_cast<int64_t>(i);
+  if (impl->size > 1) {
+    std::string prefix = name + "/";
+    for (int64_t m : members) prefix += std::to_string(m) + ",";
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
+  }
+  return CommGroup(impl);
+}
+
+ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& store, const WorldInfo& world,
+                            const MeshShape& requested, const GroupOptions& options) {
+  ParallelGroups g;
+  g.world_info = world;
+  g.shape = requested;
+  if (g.shape.ulysses == 0) g.shape.ulysses = g.shape.cp;
+  const MeshShape& s = g.shape;
+  g.counters = std::make_shared<CommCounters>();
+  g.link = std::make_shared<LinkModel>(options.link);
+  const int64_t r = world.rank;
+  g.tp_rank = r % s.tp;
+  g.cp_rank = (r / s.tp) % s.cp;
+  g.dp_rank = r / (s.tp * s.cp);
+  auto world_rank = [&](int64_t dp, int64_t cp, int64_t tp) { return (dp * s.cp + cp) * s.tp + tp; };
+  std::vector<int64_t> all, dp_members, cp_members, tp_members, ulysses_members, gather_members;
+  for (int64_t i = 0; i < world.size; ++i) all.push_back(i);
+  for (int64_t d = 0; d < s.dp; ++d) dp_members.push_back(world_rank(d, g.cp_rank, g.tp_rank));
+  for (int64_t c = 0; c < s.cp; ++c) cp_members.push_back(world_rank(g.dp_rank, c, g.tp_rank));
+  for (int64_t t = 0; t < s.tp; ++t) tp_members.push_back(world_rank(g.dp_rank, g.cp_rank, t));
+  const int64_t u = s.ulysses, a = g.cp_rank / u;
+  for (int64_t j = 0; j < u; ++j) ulysses_members.push_back(world_rank(g.dp_rank, a * u + j, g.tp_rank));
+  for (int64_t i = 0; i < s.cp / u; ++i) gather_members.push_back(world_rank(g.dp_rank, i * u + g.cp_rank % u, g.tp_rank));
+  g.world = make_group(store, "world", all, r, options, g.counters, g.link);
+  g.dp = make_group(store, "dp", dp_members, r, options, g.counters, g.link);
+  g.cp = make_group(store, "cp", cp_members, r, options, g.counters, g.link);
+  g.tp = make_group(store, "tp", tp_members, r, options, g.counters, g.link);
+  g.ulysses = make_group(store, "ulysses", ulysses_members, r, options, g.counters, g.link);
+  g.all_gather = make_group(store, "all_gather", gather_members, r, options, g.counters, g.link);
+  return g;
+}
+
+}  // namespace
+
+WorldInfo world_from_env() {
+  WorldInfo w;
+  w.rank = env_int("RANK", true, 0);
+  w.size = env_int("WORLD_SIZE", true, 1);
+  w.local_rank = env_int("LOCAL_RANK", false, w.rank);
+  const char* addr = std::getenv("MASTER_ADDR");
+  w.master_addr = addr ? addr : "127.0.0.1";
+  w.port = static_cast<int>(env_int("MASTER_PORT", w.size > 1, 29500));
+  MLACP_REQUIRE(w.size >= 1 && w.rank < w.size, kWhat, "RANK must be below WORLD_SIZE",
+                {got("RANK", w.rank), got("WORLD_SIZE", w.size)}, "fix the launcher's environment");
+  return w;
+}
+
+void check_mesh_shape(const MeshShape& s, int64_t world_size) {
+  MLACP_REQUIRE(s.dp >= 1 && s.cp >= 1 && s.tp >= 1, kWhat, "dp, cp and tp degrees must be >= 1",
+                {got("dp", s.dp), got("cp", s.cp), got("tp", s.tp)}, "use 1 for an unused dimension");
+  MLACP_REQUIRE(s.dp * s.cp * s.tp == world_size, kWhat, "dp * cp * tp must equal the world size",
+                {got("dp", s.dp), got("cp", s.cp), got("tp", s.tp), got("world_size", world_size)},
+                "adjust the degrees or the number of processes (--nproc)");
+  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses;
+  MLACP_REQUIRE(u >= 1 && s.cp % u == 0, kWhat, "cp degree must be divisible by the ulysses degree",
+                {got("cp", s.cp), got("ulysses", u)}, "choose U dividing P");
+}
+
+ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options) {
+  check_mesh_shape(shape, world.size);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(world.port);
+  store_options.isServer = world.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(world.size);
+  store_options.timeout = options.timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  return build_groups(store, world, shape, options);
+}
+
+ParallelGroups create_parallel_groups_file(const std::string& path, const WorldInfo& world, const MeshShape& shape,
+                                           const GroupOptions& options) {
+  check_mesh_shape(shape, world.size);
+  auto store = c10::make_intrusive<c10d::FileStore>(path, static_cast<int>(world.size));
+  store->setTimeout(options.timeout);
+  return build_groups(store, world, shape, options);
+}
+
+std::string ParallelGroups::describe() const {
+  std::ostringstream out;
+  out << "world " << world_info.size << " = dp " << shape.dp << " x cp " << shape.cp << " x tp " << shape.tp
+      << " (TP innermost: world_rank = (dp_rank*cp + cp_rank)*tp + tp_rank); CP grid A " << shape.cp / shape.ulysses
+      << " x U " << shape.ulysses << " (Ulysses groups: U consecutive CP ranks)";
+  return out.str();
+}
+
+}  // namespace mlacp
