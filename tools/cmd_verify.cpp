@@ -1,25 +1,117 @@
-// `mlacp verify`: runs named correctness cases and prints the worst error per quantity.
+// `mlacp verify`: correctness against the single-device float64 reference.
+//   mlacp verify                    the default matrix on --nproc local ranks (4), plus the
+//                                   single-device checks on rank 0
+//   mlacp verify --case NAME ...    named cases;  mlacp verify --list   their names
+//   mlacp verify --cp 4 --ulysses 2 --strategy latent ...   one ad-hoc case
+//   mlacp verify --single-device    only the single-device checks, in this process
+// Under torchrun (RANK/WORLD_SIZE set) it runs as one rank of that launch.
 #include <fstream>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
+#include "check/cp_checks.h"
 #include "check/single_device_checks.h"
 #include "commands.h"
+#include "core/format.h"
+#include "mlacp/errors.h"
 #include "table.h"
 
 namespace mlacp::tools {
+namespace {
 
-CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
-  CLI::App* cmd = app.add_subcommand("verify", "check mlacp against the single-device float64 reference");
-  cmd->add_option("--case", args.cases, "case name (repeatable); default: every case")->take_all();
-  cmd->add_flag("--list", args.list, "list the named cases and exit");
-  cmd->add_option("--json", args.json_path, "also write the results as JSON to this file");
-  return cmd;
+void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
+  auto* g = cmd->add_option_group("ad-hoc case", "any of these defines one case (defaults: tiny preset)");
+  g->add_option("--preset", a.preset, "tiny | deepseek-v2-lite | deepseek-v3");
+  g->add_option("--config", a.config_path, "HuggingFace-style config.json instead of a preset");
+  g->add_option("--hidden", a.hidden, "hidden size d");
+  g->add_option("--heads", a.heads, "attention heads");
+  g->add_option("--q-rank", a.q_rank, "q latent rank Rq (0: none)");
+  g->add_option("--kv-rank", a.kv_rank, "kv latent rank Rkv");
+  g->add_option("--nope", a.nope, "nope dim Dn");
+  g->add_option("--rope", a.rope, "rope dim Dr");
+  g->add_option("--value", a.value, "value dim Dv");
+  g->add_option("--seq", a.seq, "global sequence length S");
+  g->add_option("--batch", a.batch, "batch B");
+  g->add_option("--dp", a.dp, "data-parallel degree");
+  g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))");
+  g->add_option("--tp", a.tp, "tensor-parallel degree");
+  g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P)");
+  g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head");
+  g->add_option("--partition", a.partition, "contiguous | head_tail");
+  g->add_option("--causal", a.causal, "true | false");
+  g->add_option("--doc-ends", a.doc_ends, "packed document ends (global, batch 1)")->delimiter(',');
+  g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)");
+  g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
+  g->add_flag("--gate", a.gate, "output gate");
+  g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
+  g->add_option("--frozen", a.frozen, "frozen parameter-name prefixes; 'hidden' freezes the input")->delimiter(',');
+  g->add_option("--seed", a.seed, "seed of parameters and inputs");
+  for (CLI::Option* option : g->get_options()) {
+    option->each([&a](const std::string&) { a.given = true; });
+  }
 }
 
-int run_verify(const CommonArgs& common, const VerifyArgs& args) {
-  apply_threads(common);
+CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
+  MlaConfig cfg = a.config_path.empty() ? preset_config(a.preset) : load_config_file(a.config_path);
+  if (a.hidden) cfg.hidden_size = *a.hidden;
+  if (a.heads) cfg.num_heads = *a.heads;
+  if (a.q_rank) cfg.q_lora_rank = *a.q_rank == 0 ? std::nullopt : std::optional<int64_t>(*a.q_rank);
+  if (a.kv_rank) cfg.kv_lora_rank = *a.kv_rank;
+  if (a.nope) cfg.qk_nope_head_dim = *a.nope;
+  if (a.rope) cfg.qk_rope_head_dim = *a.rope;
+  if (a.value) cfg.v_head_dim = *a.value;
+  cfg.output_gate = cfg.output_gate || a.gate;
+  cfg.validate();
+  CpCase c;
+  c.name = "adhoc";
+  c.base = VerifyCase{"adhoc", cfg};
+  c.base.seq_len = a.seq.value_or(32);
+  c.base.batch = a.batch.value_or(a.doc_ends.empty() ? 2 : 1);
+  c.base.causal = a.causal;
+  c.base.document_ends = a.doc_ends;
+  c.base.band_width = a.band.value_or(0);
+  c.base.masked_rows = a.masked_rows;
+  MLACP_REQUIRE(a.masked_rows.empty() || c.base.band_width > 0, "verify", "--masked-rows needs --band",
+                {got("masked_rows", a.masked_rows)}, "add --band W");
+  c.base.seed = static_cast<uint64_t>(a.seed.value_or(0));
+  c.mesh.dp = a.dp.value_or(1);
+  c.mesh.tp = a.tp.value_or(1);
+  c.mesh.cp = a.cp.value_or(std::max<int64_t>(1, world_size / (c.mesh.dp * c.mesh.tp)));
+  c.mesh.ulysses = a.ulysses.value_or(0);
+  if (a.strategy) c.strategy = parse_strategy(*a.strategy);
+  if (a.partition) c.partition = parse_partition(*a.partition);
+  if (a.dtype) c.dtype = parse_dtype(*a.dtype);
+  c.frozen = a.frozen;
+  return c;
+}
+
+struct Report {
+  Table table{{"case", "quantity", "worst error", "tolerance", "status"}};
+  nlohmann::json rows = nlohmann::json::array();
+  int failures = 0;
+  void add(const CheckRow& row) {
+    const bool ok = row.passed();
+    failures += ok ? 0 : 1;
+    table.add({row.case_name, row.quantity, sci(row.error), sci(row.tolerance), ok ? "ok" : "FAIL"});
+    rows.push_back({{"case", row.case_name}, {"quantity", row.quantity}, {"error", row.error},
+                    {"tolerance", row.tolerance}, {"passed", ok}});
+  }
+  int finish(const std::string& json_path, const std::string& mode, const nlohmann::json& extra) {
+    table.print(std::cout);
+    std::cout << (failures == 0 ? "verify: all " + std::to_string(rows.size()) + " checks passed\n"
+                                : "verify: " + std::to_string(failures) + " of " + std::to_string(rows.size()) +
+                                      " checks FAILED\n");
+    if (!json_path.empty()) {
+      nlohmann::json doc{{"mode", mode}, {"passed", failures == 0}, {"rows", rows}};
+      doc.update(extra);
+      std::ofstream(json_path) << doc.dump(2) << "\n";
+    }
+    return failures == 0 ? 0 : 1;
+  }
+};
+
+int run_single_device(const VerifyArgs& args) {
   std::vector<VerifyCase> cases;
   if (args.cases.empty()) {
     cases = default_single_device_cases();
@@ -30,31 +122,75 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
     for (const auto& c : cases) std::cout << c.name << "\n";
     return 0;
   }
-  Table table({"case", "quantity", "worst error", "tolerance", "status"});
-  nlohmann::json rows = nlohmann::json::array();
-  int failures = 0;
+  Report report;
   for (const VerifyCase& c : cases) {
     std::cerr << "verify: " << c.name << " ...\n";
-    for (const CheckRow& row : run_single_device_checks(c)) {
-      const bool ok = row.passed();
-      failures += ok ? 0 : 1;
-      table.add({row.case_name, row.quantity, sci(row.error), sci(row.tolerance), ok ? "ok" : "FAIL"});
-      rows.push_back({{"case", row.case_name},
-                      {"quantity", row.quantity},
-                      {"error", row.error},
-                      {"tolerance", row.tolerance},
-                      {"passed", ok}});
+    for (const CheckRow& row : run_single_device_checks(c)) report.add(row);
+  }
+  return report.finish(args.json_path, "single-device", {});
+}
+
+int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
+  apply_threads(common);
+  const WorldInfo world = world_from_env();
+  const bool named = !args.cases.empty();
+  std::vector<CpCase> cases = args.adhoc.given ? std::vector<CpCase>{build_adhoc(args.adhoc, world.size)}
+                              : named          ? find_cp_cases(args.cases, world.size)
+                                               : default_cp_cases(world.size);
+  const bool lead = world.rank == 0;
+  if (args.list) {
+    if (lead)
+      for (const auto& c : cases) std::cout << c.describe() << "\n";
+    return 0;
+  }
+  Report report;
+  if (lead && !named && !args.adhoc.given) {
+    for (const VerifyCase& c : default_single_device_cases())
+      for (const CheckRow& row : run_single_device_checks(c)) report.add(row);
+  }
+  GroupOptions options;
+  options.timeout = std::chrono::seconds(args.timeout_s);
+  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  nlohmann::json described = nlohmann::json::array();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const CpCase& c = cases[i];
+    if (lead) std::cerr << "verify: [" << i + 1 << "/" << cases.size() << "] " << c.describe() << "\n";
+    described.push_back(c.describe());
+    try {
+      validate_cp_case(c, world.size);  // no collective: every rank rejects alike
+    } catch (const Error& e) {
+      if (lead) std::cerr << e.what() << "\n";
+      report.add({c.name, std::string("rejected: ") + e.rule(), INFINITY, 0.0});
+      continue;
     }
+    for (const CheckRow& row : run_cp_case(c, rendezvous, options)) report.add(row);
   }
-  table.print(std::cout);
-  std::cout << (failures == 0 ? "verify: all " + std::to_string(rows.size()) + " checks passed\n"
-                              : "verify: " + std::to_string(failures) + " of " + std::to_string(rows.size()) +
-                                    " checks FAILED\n");
-  if (!args.json_path.empty()) {
-    std::ofstream out(args.json_path);
-    out << nlohmann::json{{"mode", "single-device"}, {"passed", failures == 0}, {"rows", rows}}.dump(2) << "\n";
+  if (!lead) return report.failures == 0 ? 0 : 1;
+  return report.finish(args.json_path, "multi-rank", {{"world_size", world.size}, {"cases", described}});
+}
+
+}  // namespace
+
+CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
+  CLI::App* cmd = app.add_subcommand("verify", "check mlacp against the single-device float64 reference");
+  cmd->add_option("--case", args.cases, "case name (repeatable; 'all': the full matrix); default: the quick matrix")->take_all();
+  cmd->add_flag("--list", args.list, "list the cases (with every parameter) and exit");
+  cmd->add_flag("--single-device", args.single_device, "only the single-device checks, in this process");
+  cmd->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64));
+  cmd->add_option("--timeout", args.timeout_s, "collective timeout in seconds (a dead peer is an error after it)")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--json", args.json_path, "also write the results as JSON to this file");
+  add_adhoc_options(cmd, args.adhoc);
+  return cmd;
+}
+
+int run_verify(const CommonArgs& common, const VerifyArgs& args) {
+  if (args.single_device) {
+    apply_threads(common);
+    return run_single_device(args);
   }
-  return failures == 0 ? 0 : 1;
+  if (launched_as_rank()) return run_as_rank(common, args);
+  return relaunch_local(common, args.nproc);
 }
 
 }  // namespace mlacp::tools

@@ -1,6 +1,7 @@
 // The subcommands of `mlacp`. Each registers its options on the CLI11 app and runs from them.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,7 +10,8 @@
 namespace mlacp::tools {
 
 struct CommonArgs {
-  int threads = 0;  // 0: all cores of this host
+  int threads = 0;  // 0: all cores of this host, divided among local ranks
+  std::vector<std::string> argv;  // the whole command line (for re-launching ranks)
 };
 
 struct InfoArgs {
@@ -19,15 +21,37 @@ struct InfoArgs {
 CLI::App* add_info_command(CLI::App& app, InfoArgs& args);
 int run_info(const CommonArgs& common, const InfoArgs& args);
 
+// An ad-hoc verification case: every field optional, defaults from the tiny preset.
+struct AdHocCase {
+  std::string preset = "tiny";
+  std::string config_path;
+  std::optional<int64_t> hidden, heads, q_rank, kv_rank, nope, rope, value;
+  std::optional<int64_t> seq, batch, dp, cp, tp, ulysses, band, seed;
+  std::optional<std::string> strategy, partition, dtype;
+  std::optional<bool> causal;
+  std::vector<int64_t> doc_ends, masked_rows;
+  std::vector<std::string> frozen;
+  bool gate = false;
+  bool given = false;  // set when any of the above was on the command line
+};
+
 struct VerifyArgs {
   std::vector<std::string> cases;  // empty: the default matrix
   bool list = false;
+  bool single_device = false;
+  int nproc = 4;
+  int timeout_s = 60;
   std::string json_path;
+  AdHocCase adhoc;
 };
 CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args);
 int run_verify(const CommonArgs& common, const VerifyArgs& args);
 
-// Applies --threads (0 = all cores) to LibTorch's intra-op pool.
+// Applies --threads (0 = cores / local ranks) to LibTorch's intra-op pool.
 void apply_threads(const CommonArgs& common);
+// True when this process is one rank of a launch (torchrun's RANK or mlacp's launcher).
+bool launched_as_rank();
+// Re-runs this command line on `nproc` local ranks (without --nproc); returns the exit status.
+int relaunch_local(const CommonArgs& common, int nproc);
 
 }  // namespace mlacp::tools

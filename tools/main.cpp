@@ -1,18 +1,44 @@
 // mlacp: the command-line tool. Dispatches to one subcommand; library errors become a one-line
 // message and exit status 2, failed checks exit status 1.
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
 #include <ATen/Parallel.h>
 
 #include "commands.h"
+#include "launcher.h"
 #include "mlacp/errors.h"
 
 namespace mlacp::tools {
 
+bool launched_as_rank() { return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr; }
+
 void apply_threads(const CommonArgs& common) {
-  const int threads = common.threads > 0 ? common.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = common.threads;
+  if (threads <= 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+    threads = std::max(1, cores / ranks_here);
+  }
   at::set_num_threads(threads);
+}
+
+int relaunch_local(const CommonArgs& common, int nproc) {
+  std::vector<std::string> args;
+  for (size_t i = 1; i < common.argv.size(); ++i) {
+    const std::string& a = common.argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    args.push_back(a);
+  }
+  LaunchOptions options;
+  options.nproc = nproc;
+  return launch_local(options, args);
 }
 
 }  // namespace mlacp::tools
@@ -22,7 +48,9 @@ int main(int argc, char** argv) {
   CLI::App app{"mlacp: exact Multi-head Latent Attention with context parallelism, on LibTorch"};
   app.require_subcommand(1);
   CommonArgs common;
-  app.add_option("--threads", common.threads, "intra-op threads per process (0 = all cores)")->check(CLI::NonNegativeNumber);
+  common.argv.assign(argv, argv + argc);
+  app.add_option("--threads", common.threads, "intra-op threads per process (0 = cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
   InfoArgs info;
   VerifyArgs verify;
   CLI::App* info_cmd = add_info_command(app, info);
@@ -35,7 +63,7 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "mlacp: internal error: " << e.what() << "\n";
+    std::cerr << "mlacp: error: " << e.what() << "\n";
     return 3;
   }
   return 0;

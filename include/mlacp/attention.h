@@ -6,7 +6,10 @@
 // Later layers replace only the core.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -42,9 +45,10 @@ struct LocalLatents {
 // Forward inputs after validation: what the attention core needs about positions and masks.
 struct ResolvedForward {
   int64_t batch = 0;
-  int64_t seq_len = 0;
+  int64_t seq_len = 0;        // global sequence length S
+  at::Tensor local_tokens;    // [S_l] int64: global token index of each local row
   bool causal = true;
-  at::Tensor rope_positions;  // [B, S] int64 (document-relative when packed)
+  at::Tensor rope_positions;  // [B, S_l] int64 (document-relative when packed)
   at::Tensor document_ends;   // [n_docs] int64 global exclusive ends, or undefined
   at::Tensor mask;            // bool [B|1, 1, S, S], or undefined
 };
@@ -57,6 +61,18 @@ class RmsNormImpl : public torch::nn::Module {
   double eps;
 };
 TORCH_MODULE(RmsNorm);
+
+class MlaAttentionImpl;
+
+// A replacement for the single-device path of MlaAttention::forward, installed once (the
+// context-parallel runtime is one). It receives the module so it uses the module's own
+// parameters: installing a core never copies or re-creates them.
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  virtual at::Tensor forward(MlaAttentionImpl& module, const at::Tensor& hidden, const MlaForwardOptions& options) = 0;
+  virtual std::string describe() const = 0;
+};
 
 class MlaAttentionImpl : public torch::nn::Module {
  public:
@@ -80,8 +96,23 @@ class MlaAttentionImpl : public torch::nn::Module {
                                                      int64_t head_begin, int64_t head_end);
   // The single-device attention core on the naive reference kernel -> [B, S, H*Dv].
   at::Tensor reference_core(const LocalLatents& latents, const ResolvedForward& resolved);
-  // attention [B, S, H*Dv], hidden [B, S, d] (for the gate) -> [B, S, d]
-  at::Tensor project_output(const at::Tensor& attention, const at::Tensor& hidden);
+  // attention [B, S, H*Dv], hidden [B, S, d] (for the gate) -> [B, S, d]. With TP the
+  // projection is row-parallel: `reduce_partial` sums the bias-free partial outputs over TP, and
+  // the bias is added once after it.
+  at::Tensor project_output(const at::Tensor& attention, const at::Tensor& hidden,
+                            const std::function<at::Tensor(const at::Tensor&)>& reduce_partial = nullptr);
+
+  // Installs a core (once; a second install is an error) / the installed one, or null.
+  void install_core(std::shared_ptr<AttentionCore> core);
+  AttentionCore* core() const { return core_.get(); }
+
+  // Tensor parallelism: keeps heads [tp_rank*H/tp, (tp_rank+1)*H/tp) of q_b_proj (q_proj),
+  // kv_b_proj and o_gate_proj (rows) and o_proj (input columns); everything else stays
+  // replicated. Call on every TP rank before installing CP. The parameters keep their names.
+  void shard_heads_for_tp(int64_t tp_rank, int64_t tp_size);
+  int64_t tp_size() const { return tp_size_; }
+  // Whether a parameter (by name) is sharded over TP (its gradient is not summed over TP).
+  static bool is_tp_sharded_parameter(const std::string& name);
 
   const MlaConfig& config() const { return config_; }
   int64_t local_heads() const { return local_heads_; }
@@ -104,6 +135,8 @@ class MlaAttentionImpl : public torch::nn::Module {
 
   MlaConfig config_;
   int64_t local_heads_;
+  int64_t tp_size_ = 1;
+  std::shared_ptr<AttentionCore> core_;
   double scaling_;
   struct RopeState;
   std::shared_ptr<RopeState> rope_;

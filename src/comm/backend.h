@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
-#include "comm/comm.h"
+#include "mlacp/comm.h"
 
 namespace mlacp {
 

@@ -71,8 +71,9 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
   return CommGroup(impl);
 }
 
-ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& store, const WorldInfo& world,
-                            const MeshShape& requested, const GroupOptions& options) {
+ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, const std::string& generation,
+                            const WorldInfo& world, const MeshShape& requested, const GroupOptions& options) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(generation, base_store);
   ParallelGroups g;
   g.world_info = world;
   g.shape = requested;
@@ -128,23 +129,52 @@ void check_mesh_shape(const MeshShape& s, int64_t world_size) {
                 {got("cp", s.cp), got("ulysses", u)}, "choose U dividing P");
 }
 
-ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options) {
-  check_mesh_shape(shape, world.size);
+struct Rendezvous::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  WorldInfo world;
+  int64_t generation = 0;
+};
+
+Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(world.port);
   store_options.isServer = world.rank == 0;
   store_options.numWorkers = static_cast<size_t>(world.size);
-  store_options.timeout = options.timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
-  return build_groups(store, world, shape, options);
+  store_options.timeout = timeout;
+  Rendezvous r;
+  r.impl_ = std::make_shared<Impl>();
+  r.impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  r.impl_->world = world;
+  return r;
+}
+
+Rendezvous Rendezvous::file(const std::string& path, const WorldInfo& world, std::chrono::milliseconds timeout) {
+  Rendezvous r;
+  r.impl_ = std::make_shared<Impl>();
+  auto store = c10::make_intrusive<c10d::FileStore>(path, static_cast<int>(world.size));
+  store->setTimeout(timeout);
+  r.impl_->store = store;
+  r.impl_->world = world;
+  return r;
+}
+
+ParallelGroups Rendezvous::groups(const MeshShape& shape, const GroupOptions& options) {
+  check_mesh_shape(shape, impl_->world.size);
+  const std::string generation = "g" + std::to_string(impl_->generation++) + "/";
+  return build_groups(impl_->store, generation, impl_->world, shape, options);
+}
+
+const WorldInfo& Rendezvous::world() const { return impl_->world; }
+
+ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options) {
+  check_mesh_shape(shape, world.size);
+  return Rendezvous::tcp(world, options.timeout).groups(shape, options);
 }
 
 ParallelGroups create_parallel_groups_file(const std::string& path, const WorldInfo& world, const MeshShape& shape,
                                            const GroupOptions& options) {
   check_mesh_shape(shape, world.size);
-  auto store = c10::make_intrusive<c10d::FileStore>(path, static_cast<int>(world.size));
-  store->setTimeout(options.timeout);
-  return build_groups(store, world, shape, options);
+  return Rendezvous::file(path, world, options.timeout).groups(shape, options);
 }
 
 std::string ParallelGroups::describe() const {

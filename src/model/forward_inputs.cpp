@@ -36,9 +36,9 @@ void check_unsupported(const MlaForwardOptions& o, bool training) {
           {got("dropout", o.dropout), got("training", training)}, "set dropout to 0");
 }
 
-at::Tensor resolve_mask(const at::Tensor& mask, const at::Tensor& hidden, bool packed) {
+at::Tensor resolve_mask(const at::Tensor& mask, const at::Tensor& hidden, int64_t seq, bool packed) {
   if (!mask.defined()) return {};
-  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+  const int64_t batch = hidden.size(0);
   MLACP_REQUIRE(!packed, kWhat, "packed sequences and an explicit attention mask are mutually exclusive",
           {got("mask.shape", shape_text(mask))}, "encode documents with document_ends, or build one mask");
   MLACP_REQUIRE(mask.scalar_type() == at::kBool, kWhat,
@@ -55,10 +55,13 @@ at::Tensor resolve_mask(const at::Tensor& mask, const at::Tensor& hidden, bool p
   return square ? mask.view({1, 1, seq, seq}) : mask;
 }
 
-at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, const std::vector<int64_t>* ends) {
+// Positions of the local tokens: given ([S_l] or [B|1, S_l]) or derived from the global token
+// index (document-relative when packed).
+at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, const std::vector<int64_t>* ends,
+                             const at::Tensor& local_tokens) {
   const int64_t batch = hidden.size(0), seq = hidden.size(1);
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(hidden.device());
-  at::Tensor derived = ends ? packed_positions(*ends, long_opts) : at::arange(seq, long_opts);  // [S]
+  at::Tensor derived = ends ? packed_positions(*ends, long_opts).index_select(0, local_tokens) : local_tokens;  // [S_l]
   derived = derived.unsqueeze(0).expand({batch, seq});
   if (!ids.defined()) return derived.contiguous();
   MLACP_REQUIRE(!ids.requires_grad(), kWhat, "position_ids must not require grad", {got("requires_grad", true)},
@@ -116,10 +119,24 @@ at::Tensor packed_positions(const std::vector<int64_t>& ends, const at::TensorOp
 }
 
 ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
-                                       const MlaForwardOptions& o, bool training) {
+                                       const MlaForwardOptions& options, bool training) {
   check_hidden(config, hidden);
+  std::vector<int64_t> all(hidden.size(1));
+  for (int64_t t = 0; t < hidden.size(1); ++t) all[t] = t;
+  return resolve_forward_inputs(config, hidden, options, training, hidden.size(1), all);
+}
+
+ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
+                                       const MlaForwardOptions& o, bool training, int64_t global_seq_len,
+                                       const std::vector<int64_t>& local_tokens) {
+  check_hidden(config, hidden);
+  MLACP_REQUIRE(hidden.size(1) == static_cast<int64_t>(local_tokens.size()), kWhat,
+                "hidden states must hold exactly this rank's tokens",
+                {got("hidden.size(1)", hidden.size(1)), got("local_tokens", local_tokens.size()),
+                 got("global_seq_len", global_seq_len)},
+                "shard the batch with shard_sequence() for the plan's partition");
   check_unsupported(o, training);
-  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+  const int64_t batch = hidden.size(0), seq = global_seq_len;
 
   // Document boundaries.
   MLACP_REQUIRE(!(o.document_ends && o.document_lengths), kWhat,
@@ -159,8 +176,9 @@ ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor
     }
     r.document_ends = at::tensor(*ends, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
   }
-  r.mask = resolve_mask(o.attention_mask, hidden, ends.has_value());
-  r.rope_positions = resolve_positions(o.position_ids, hidden, ends ? &*ends : nullptr);
+  r.local_tokens = at::tensor(local_tokens, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
+  r.mask = resolve_mask(o.attention_mask, hidden, seq, ends.has_value());
+  r.rope_positions = resolve_positions(o.position_ids, hidden, ends ? &*ends : nullptr, r.local_tokens);
   return r;
 }
 

@@ -7,8 +7,15 @@
 
 namespace mlacp {
 
+// Single device: hidden [B, S, d] holds every token.
 ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
                                        const MlaForwardOptions& options, bool training);
+// One CP shard: hidden [B, S_l, d] holds the global tokens `local_tokens` (S_l of them) of a
+// sequence of `global_seq_len` tokens. Document ends and masks are global; position_ids, when
+// given, are the shard's own ([S_l] or [B|1, S_l]).
+ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
+                                       const MlaForwardOptions& options, bool training, int64_t global_seq_len,
+                                       const std::vector<int64_t>& local_tokens);
 
 // Normalises document boundaries given as ends (with or without a leading 0) and checks them
 // against the token count. Shared with the CP runtime's shard helpers.

@@ -71,6 +71,7 @@ ResolvedForward MlaAttentionImpl::resolve(const at::Tensor& hidden, const MlaFor
 }
 
 at::Tensor MlaAttentionImpl::forward(const at::Tensor& hidden, const MlaForwardOptions& options) {
+  if (core_) return core_->forward(*this, hidden, options);
   const ResolvedForward resolved = resolve(hidden, options);
   const LocalLatents latents = compute_latents(hidden);
   const at::Tensor attention = reference_core(latents, resolved);  // [B, S, H*Dv]
@@ -179,8 +180,8 @@ at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const R
   auto [key, value] = expand_key_value(latents.kv_latent, key_rope, 0, local_heads_);
   AttentionStructure structure;
   structure.causal = r.causal;
-  structure.query_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
-  structure.key_token_index = structure.query_token_index;
+  structure.query_token_index = r.local_tokens;
+  structure.key_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
   structure.document_ends = r.document_ends;
   structure.mask = r.mask;
   at::Tensor out = reference_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
@@ -188,10 +189,50 @@ at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const R
   return out.transpose(1, 2).reshape({r.batch, r.seq_len, local_heads_ * c.v_head_dim});  // [B, S, H*Dv]
 }
 
-at::Tensor MlaAttentionImpl::project_output(const at::Tensor& attention, const at::Tensor& hidden) {
+at::Tensor MlaAttentionImpl::project_output(const at::Tensor& attention, const at::Tensor& hidden,
+                                            const std::function<at::Tensor(const at::Tensor&)>& reduce_partial) {
   at::Tensor gated = attention;                                       // [B, S, H*Dv]
   if (config_.output_gate) gated = attention * at::sigmoid(o_gate_proj(hidden));
-  return o_proj(gated);                                               // [B, S, d]
+  if (!reduce_partial) return o_proj(gated);                          // [B, S, d]
+  at::Tensor y = reduce_partial(at::linear(gated, o_proj->weight));  // row-parallel: sum over TP
+  return o_proj->bias.defined() ? y + o_proj->bias : y;
+}
+
+void MlaAttentionImpl::install_core(std::shared_ptr<AttentionCore> core) {
+  MLACP_REQUIRE(!core_, "MLA attention", "a parallel runtime is already installed on this module",
+                {got("installed", core_->describe())}, "install CP once per module; build a new module to change it");
+  core_ = std::move(core);
+}
+
+bool MlaAttentionImpl::is_tp_sharded_parameter(const std::string& name) {
+  for (const char* prefix : {"q_b_proj.", "q_proj.", "kv_b_proj.", "o_gate_proj."})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return name == "o_proj.weight";
+}
+
+void MlaAttentionImpl::shard_heads_for_tp(int64_t tp_rank, int64_t tp_size) {
+  const MlaConfig& c = config_;
+  MLACP_REQUIRE(!core_, "tensor parallel", "shard heads before installing a parallel runtime",
+                {got("installed", core_ ? core_->describe() : "")}, "call shard_heads_for_tp first");
+  MLACP_REQUIRE(tp_size_ == 1, "tensor parallel", "heads are already sharded", {got("tp_size", tp_size_)},
+                "shard a fresh module once");
+  MLACP_REQUIRE(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && c.num_heads % tp_size == 0,
+                "tensor parallel", "heads must be divisible by tp and 0 <= tp_rank < tp",
+                {got("heads", c.num_heads), got("tp_size", tp_size), got("tp_rank", tp_rank)},
+                "choose tp dividing the head count");
+  if (tp_size == 1) return;
+  const int64_t heads = c.num_heads / tp_size, first = tp_rank * heads;
+  at::NoGradGuard no_grad;
+  auto keep_rows = [&](torch::nn::Linear& linear, int64_t width) {
+    linear->weight.set_data(linear->weight.narrow(0, first * width, heads * width).clone());
+    if (linear->bias.defined()) linear->bias.set_data(linear->bias.narrow(0, first * width, heads * width).clone());
+  };
+  keep_rows(query_up_projection(), c.qk_head_dim());
+  keep_rows(kv_b_proj, c.qk_nope_head_dim + c.v_head_dim);
+  if (c.output_gate) keep_rows(o_gate_proj, c.v_head_dim);
+  o_proj->weight.set_data(o_proj->weight.narrow(1, first * c.v_head_dim, heads * c.v_head_dim).clone());
+  local_heads_ = heads;
+  tp_size_ = tp_size;
 }
 
 }  // namespace mlacp

@@ -1,0 +1,180 @@
+// The communication layer: process groups, asynchronous collectives over the sequence and head
+// dims, byte counters and an emulated link. This folder is the only code that includes c10d
+// headers; everything here is visible through tensors and plain types.
+//
+// Contract of every launch_* function:
+//   - inputs are read at launch; every send buffer is made contiguous here (Gloo silently
+//     corrupts non-contiguous all-to-all inputs);
+//   - the returned AsyncHandle owns the c10d work, the send and receive buffers and the layout
+//     restore; wait() may be called exactly once and returns the result in its documented layout;
+//   - bf16/fp16 travel as 16-bit bit copies; reductions accumulate in float32;
+//   - a group of size 1 moves nothing and counts nothing.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace mlacp {
+
+enum class CollectiveKind { all_to_all, all_gather, reduce_scatter, all_reduce };
+std::string collective_kind_name(CollectiveKind kind);
+
+// Bytes this rank put on the wire, per collective kind (and per label, e.g. "qkv", "latent").
+struct CommTotals {
+  int64_t bytes = 0;
+  int64_t calls = 0;
+  double wire_seconds = 0.0;  // launch -> completion, summed (emulated link: modelled time)
+};
+class CommCounters {
+ public:
+  void add(CollectiveKind kind, const std::string& label, int64_t bytes);
+  void reset();
+  CommTotals by_kind(CollectiveKind kind) const;
+  const std::map<std::string, CommTotals>& by_label() const { return by_label_; }
+  int64_t total_bytes() const;
+
+ private:
+  std::map<CollectiveKind, CommTotals> by_kind_;
+  std::map<std::string, CommTotals> by_label_;
+};
+
+// A collective completes no earlier than latency + bytes / bandwidth after its launch; waits
+// sleep (not spin) until then. Zero bandwidth = infinite.
+struct LinkModel {
+  double latency_seconds = 0.0;
+  double bandwidth_bytes_per_second = 0.0;
+  bool enabled() const { return latency_seconds > 0.0 || bandwidth_bytes_per_second > 0.0; }
+  double transfer_seconds(int64_t bytes) const;
+};
+
+class AsyncHandle {
+ public:
+  AsyncHandle();
+  AsyncHandle(AsyncHandle&&) noexcept;
+  AsyncHandle& operator=(AsyncHandle&&) noexcept;
+  ~AsyncHandle();
+  // Waits for the collective and returns its results (in restored layout). Second call throws.
+  std::vector<at::Tensor> wait();
+  at::Tensor wait_one();  // for single-result collectives
+  bool valid() const;     // launched and not yet waited
+  int64_t bytes() const;
+  const std::string& label() const;
+
+  struct State;
+  explicit AsyncHandle(std::unique_ptr<State> state);
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// One 1-D process group (a c10d backend) with its rank, size, counters and link model.
+class CommGroup {
+ public:
+  CommGroup() = default;
+  int64_t rank() const;
+  int64_t size() const;
+  const std::string& name() const;
+  bool defined() const { return static_cast<bool>(impl_); }
+
+  struct Impl;
+  explicit CommGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// --- collectives ----------------------------------------------------------------------------
+// Ulysses seq->head: x [B, S_l, H, D] -> [B, G*S_l, H/G, D], tokens in source-rank order,
+// this rank's head block [rank*H/G, (rank+1)*H/G).
+AsyncHandle launch_seq_to_head(const CommGroup& group, const at::Tensor& x, const std::string& label);
+// One packed exchange of tensors [B, S_l, H, D_i] with unequal D_i; wait() returns each
+// [B, G*S_l, H/G, D_i].
+AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<at::Tensor>& xs,
+                                      const std::string& label);
+// Ulysses head->seq (exact inverse): x [B, G*S_l, Hc, D] -> [B, S_l, G*Hc, D].
+AsyncHandle launch_head_to_seq(const CommGroup& group, const at::Tensor& x, const std::string& label);
+AsyncHandle launch_head_to_seq_packed(const CommGroup& group, const std::vector<at::Tensor>& xs,
+                                      const std::string& label);
+// All-gather along the sequence: x [B, S_l, ...] -> [B, G*S_l, ...] in group-rank order.
+AsyncHandle launch_all_gather_seq(const CommGroup& group, const at::Tensor& x, const std::string& label);
+// Reduce-scatter (sum) along the sequence: x [B, G*S_l, ...] -> [B, S_l, ...], this rank's
+// block, summed over the group. Moves (G-1)/G of x, not a full all-reduce.
+AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& x, const std::string& label);
+// All-reduce (sum), any shape; bf16/fp16 accumulate in float32. Returns a new tensor.
+AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, const std::string& label);
+// All-reduce (max) of doubles, waited at once: for error reports and agreement checks.
+std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values);
+// Exchanges one uint64 per rank (e.g. plan fingerprints): returns every rank's value.
+std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value);
+void barrier(const CommGroup& group);
+
+// --- groups ---------------------------------------------------------------------------------
+// torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+struct WorldInfo {
+  int64_t rank = 0;
+  int64_t size = 1;
+  int64_t local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int port = 29500;
+};
+// Reads the variables; throws mlacp::Error naming a missing or malformed one.
+WorldInfo world_from_env();
+
+struct MeshShape {
+  int64_t dp = 1;
+  int64_t cp = 1;
+  int64_t tp = 1;
+  int64_t ulysses = 0;  // 0 = cp (pure Ulysses)
+};
+
+// World = dp x cp x tp, TP innermost: world_rank = (dp_rank * cp + cp_rank) * tp + tp_rank.
+// The CP group's A x U grid: Ulysses groups are U consecutive CP ranks, all-gather groups are
+// {u, u+U, u+2U, ...}.
+struct ParallelGroups {
+  WorldInfo world_info;
+  MeshShape shape;
+  int64_t dp_rank = 0, cp_rank = 0, tp_rank = 0;
+  CommGroup world, dp, cp, tp, ulysses, all_gather;
+  std::shared_ptr<CommCounters> counters;
+  std::shared_ptr<LinkModel> link;
+  std::string describe() const;  // the rank order, printed by the tools
+};
+
+struct GroupOptions {
+  std::chrono::milliseconds timeout{60000};  // a dead peer is an error after this
+  LinkModel link;
+  bool cuda = false;  // NCCL when built with it; Gloo otherwise
+};
+
+// One store shared by every set of groups a process builds (rank 0 serves the TCP store).
+// groups() validates the shape against the world size before any collective, then builds a fresh
+// set of groups under its own store prefix: call it in the same order on every rank.
+class Rendezvous {
+ public:
+  static Rendezvous tcp(const WorldInfo& world, std::chrono::milliseconds timeout);
+  static Rendezvous file(const std::string& path, const WorldInfo& world, std::chrono::milliseconds timeout);
+  ParallelGroups groups(const MeshShape& shape, const GroupOptions& options);
+  const WorldInfo& world() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// One-shot forms: a rendezvous used for a single set of groups.
+ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options);
+// Same over a FileStore (tests; the file must not exist before rank 0 starts).
+ParallelGroups create_parallel_groups_file(const std::string& path, const WorldInfo& world, const MeshShape& shape,
+                                           const GroupOptions& options);
+// Checks dp*cp*tp == world size and cp % ulysses == 0; throws mlacp::Error otherwise.
+void check_mesh_shape(const MeshShape& shape, int64_t world_size);
+
+}  // namespace mlacp

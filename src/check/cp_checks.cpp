@@ -1,0 +1,196 @@
+#include "check/cp_checks.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "check/compare.h"
+#include "core/compat.h"
+#include "core/format.h"
+#include "mlacp/errors.h"
+#include "mlacp/runtime.h"
+
+namespace mlacp {
+namespace {
+
+constexpr const char* kWhat = "verify";
+
+bool is_frozen(const CpCase& c, const std::string& name) {
+  for (const auto& prefix : c.frozen)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+void freeze(const CpCase& c, MlaAttention& module) {
+  for (auto& item : module->named_parameters())
+    if (is_frozen(c, item.key())) item.value().set_requires_grad(false);
+}
+
+// Single-device forward + backward of the whole batch (every rank computes it).
+ForwardBackward reference_run(const CpCase& c, at::ScalarType dtype, bool bf16_autocast) {
+  MlaAttention module = make_case_module(c.base, dtype);
+  freeze(c, module);
+  CaseInputs inputs = make_case_inputs(c.base, dtype);
+  if (!bf16_autocast) return run_forward_backward(module, inputs);
+  compat::AutocastGuard autocast(c10::DeviceType::CPU, true, at::kBFloat16);
+  return run_forward_backward(module, inputs);
+}
+
+// The TP-local slice of a full parameter gradient.
+at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const MlaConfig& c, int64_t tp_rank,
+                    int64_t tp) {
+  if (tp == 1 || !MlaAttentionImpl::is_tp_sharded_parameter(name)) return full;
+  const int64_t heads = c.num_heads / tp;
+  if (name == "o_proj.weight") return full.narrow(1, tp_rank * heads * c.v_head_dim, heads * c.v_head_dim);
+  const int64_t rows = full.size(0) / tp;
+  return full.narrow(0, tp_rank * rows, rows);
+}
+
+// Error of a CP quantity against the float64 reference, by dtype (SPEC §9).
+double error_of(const at::Tensor& value, const at::Tensor& reference, at::ScalarType dtype) {
+  if (dtype == at::kDouble) return max_abs_error(value, reference);
+  if (dtype == at::kFloat) return max_rel_error(value, reference);
+  return norm_rel_error(value, reference);
+}
+
+int64_t element_size(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : c10::elementSize(dtype); }
+
+}  // namespace
+
+std::string CpCase::describe() const {
+  std::ostringstream out;
+  const MlaConfig& cfg = base.config;
+  out << name << ": dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
+      << " ulysses=" << (mesh.ulysses ? mesh.ulysses : mesh.cp) << " strategy=" << strategy_name(strategy)
+      << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
+      << " dtype=" << dtype_name(dtype) << " B=" << base.batch << " S=" << base.seq_len
+      << " causal=" << (base.causal.value_or(cfg.causal) ? "yes" : "no") << " heads=" << cfg.num_heads
+      << " hidden=" << cfg.hidden_size << " Rq=" << (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none")
+      << " Rkv=" << cfg.kv_lora_rank << " Dn=" << cfg.qk_nope_head_dim << " Dr=" << cfg.qk_rope_head_dim
+      << " Dv=" << cfg.v_head_dim << " gate=" << (cfg.output_gate ? "yes" : "no") << " seed=" << base.seed;
+  if (!base.document_ends.empty()) out << " docs=" << got("", base.document_ends).value;
+  if (base.band_width > 0) out << " band=" << base.band_width << " masked_rows=" << got("", base.masked_rows).value;
+  if (!frozen.empty()) {
+    out << " frozen=";
+    for (const auto& f : frozen) out << f << ",";
+  }
+  return out.str();
+}
+
+void validate_cp_case(const CpCase& c, int64_t world_size) {
+  check_mesh_shape(c.mesh, world_size);
+  c.base.config.validate();
+  MLACP_REQUIRE(c.base.batch % c.mesh.dp == 0, kWhat, "batch must be divisible by dp (each DP rank takes B/dp rows)",
+                {got("batch", c.base.batch), got("dp", c.mesh.dp)}, "choose a batch that dp divides");
+  MLACP_REQUIRE(c.dtype == at::kDouble || c.dtype == at::kFloat || c.dtype == at::kBFloat16, kWhat,
+                "dtype must be float64, float32 or bfloat16", {got("dtype", dtype_name(c.dtype))}, "");
+  CpPlan plan(plan_spec_for(c.base.config, c.mesh, c.strategy, c.partition, c.overlap));  // plan rules
+  check_shardable(c.partition, c.base.seq_len, c.mesh.cp);
+}
+
+std::vector<CheckRow> run_cp_case(const CpCase& c, Rendezvous& rendezvous, const GroupOptions& options) {
+  validate_cp_case(c, rendezvous.world().size);
+  ParallelGroups groups = rendezvous.groups(c.mesh, options);
+  const MlaConfig& cfg = c.base.config;
+  const bool bf16 = c.dtype == at::kBFloat16;
+  const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;
+  const bool hidden_frozen = is_frozen(c, "hidden");
+
+  ForwardBackward reference = reference_run(c, at::kDouble, false);
+  ForwardBackward single_bf16;
+  if (bf16) single_bf16 = reference_run(c, at::kFloat, true);
+
+  MlaAttention module = make_case_module(c.base, param_dtype);
+  if (c.mesh.tp > 1) module->shard_heads_for_tp(groups.tp_rank, c.mesh.tp);
+  freeze(c, module);
+  const CpPlan plan(plan_spec_for(cfg, groups.shape, c.strategy, c.partition, c.overlap));
+  install_context_parallel(module, plan, groups);
+
+  // This rank's rows: batch rows of its DP rank, tokens of its CP rank.
+  const int64_t local_batch = c.base.batch / c.mesh.dp;
+  auto mine = [&](const at::Tensor& global) {
+    return shard_sequence(global.narrow(0, groups.dp_rank * local_batch, local_batch), c.partition, c.mesh.cp,
+                          groups.cp_rank);
+  };
+  CaseInputs global = make_case_inputs(c.base, param_dtype);
+  at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!hidden_frozen);
+  at::Tensor weight = mine(global.output_weight);
+
+  groups.counters->reset();
+  at::Tensor output;
+  CommCounters forward_counts;
+  {
+    std::unique_ptr<compat::AutocastGuard> autocast;
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+    output = module->forward(hidden, global.options);
+    forward_counts = *groups.counters;
+    (output.to(at::kDouble) * weight.to(at::kDouble)).sum().backward();
+  }
+  const CommCounters total_counts = *groups.counters;
+  reduce_gradients(module->named_parameters(), groups);
+
+  // Errors, in row order: output, input grad, parameter grads, frozen contract, bytes.
+  std::vector<double> errors, tolerances;
+  std::vector<std::string> names;
+  auto add = [&](const std::string& quantity, double error, double tolerance) {
+    names.push_back(quantity);
+    errors.push_back(std::isnan(error) ? std::numeric_limits<double>::infinity() : error);
+    tolerances.push_back(tolerance);
+  };
+  const double tol = c.dtype == at::kDouble ? kCpFloat64Tolerance : kCpFloat32Tolerance;
+  auto bf16_tolerance = [&](const at::Tensor& single, const at::Tensor& ref) {
+    return kCpBf16Factor * std::max(norm_rel_error(single, ref), 1e-6);
+  };
+  add("output", error_of(output, mine(reference.output), c.dtype),
+      bf16 ? bf16_tolerance(single_bf16.output, reference.output) : tol);
+  std::map<std::string, at::Tensor> ref_grads(reference.gradients.begin(), reference.gradients.end());
+  std::map<std::string, at::Tensor> bf16_grads(single_bf16.gradients.begin(), single_bf16.gradients.end());
+  if (!hidden_frozen) {
+    add("grad hidden", error_of(hidden.grad(), mine(ref_grads["hidden"]), c.dtype),
+        bf16 ? bf16_tolerance(bf16_grads["hidden"], ref_grads["hidden"]) : tol);
+  }
+  double param_error = 0.0, param_tolerance = bf16 ? 0.0 : tol, frozen_violations = 0.0;
+  for (const auto& item : module->named_parameters()) {
+    const std::string& name = item.key();
+    const at::Tensor& grad = item.value().grad();
+    if (is_frozen(c, name)) {
+      frozen_violations += grad.defined() ? 1.0 : 0.0;
+      continue;
+    }
+    const at::Tensor ref = tp_slice(name, ref_grads[name], cfg, groups.tp_rank, c.mesh.tp);
+    param_error = std::max(param_error, grad.defined() ? error_of(grad, ref, c.dtype) : INFINITY);
+    if (bf16) {
+      param_tolerance = std::max(param_tolerance,
+                                 bf16_tolerance(tp_slice(name, bf16_grads[name], cfg, groups.tp_rank, c.mesh.tp), ref));
+    }
+  }
+  add("grad params (worst)", param_error, param_tolerance);
+  if (!c.frozen.empty()) add("frozen params have no grad", frozen_violations, 0.0);
+  if (c.frozen.empty() && c.mesh.dp == 1) {
+    const CommVolume v = expected_comm_elements(plan, local_batch, c.base.seq_len);
+    const int64_t es = element_size(c.dtype), wide = bf16 ? 4 : es;
+    auto bytes = [](const CommCounters& counts, CollectiveKind kind) {
+      return static_cast<double>(counts.by_kind(kind).bytes);
+    };
+    const double fwd_a2a = bytes(forward_counts, CollectiveKind::all_to_all);
+    const double fwd_gather = bytes(forward_counts, CollectiveKind::all_gather);
+    const double bwd_a2a = bytes(total_counts, CollectiveKind::all_to_all) - fwd_a2a;
+    const double bwd_rs = bytes(total_counts, CollectiveKind::reduce_scatter);
+    add("bytes fwd |measured-formula|",
+        std::abs(fwd_a2a - (v.forward_all_to_all + v.forward_output) * es) +
+            std::abs(fwd_gather - v.forward_all_gather * es),
+        0.0);
+    add("bytes bwd |measured-formula|",
+        std::abs(bwd_a2a - v.backward_all_to_all * es) + std::abs(bwd_rs - v.backward_reduce * wide), 0.0);
+  }
+  // Same rows on every rank: worst error over the world.
+  errors = all_reduce_max(groups.world, errors);
+  tolerances = all_reduce_max(groups.world, tolerances);
+  std::vector<CheckRow> rows;
+  for (size_t i = 0; i < names.size(); ++i) rows.push_back({c.name, names[i], errors[i], tolerances[i]});
+  return rows;
+}
+
+}  // namespace mlacp

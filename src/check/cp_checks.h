@@ -1,0 +1,46 @@
+// Multi-rank verification (SPEC §9): a CP case run on real ranks against the single-device
+// reference. Every rank computes the float64 reference itself (the cases are small), runs its
+// shard through the installed runtime, reduces gradients (SPEC §7) and compares its own slices;
+// errors are max-reduced over the world so every rank reports the same rows.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "check/cases.h"
+#include "check/single_device_checks.h"
+#include "mlacp/comm.h"
+#include "mlacp/plan.h"
+
+namespace mlacp {
+
+struct CpCase {
+  std::string name;
+  VerifyCase base;  // config, batch, seq_len, causal, documents, band mask, seed
+  MeshShape mesh;   // dp x cp x tp (ulysses 0 = cp)
+  CpStrategy strategy = CpStrategy::latent_kv_head;
+  CpPartition partition = CpPartition::contiguous;
+  bool overlap = false;
+  at::ScalarType dtype = at::kDouble;  // kBFloat16: float32 parameters under bf16 autocast
+  std::vector<std::string> frozen;     // parameter-name prefixes frozen; "hidden" freezes the input
+  std::string describe() const;        // one line with every parameter
+};
+
+// Tolerances (SPEC §9).
+constexpr double kCpFloat64Tolerance = 1e-10;  // max abs error
+constexpr double kCpFloat32Tolerance = 1e-5;   // max error relative to max |reference|
+constexpr double kCpBf16Factor = 2.0;          // bf16: at most 2x the single-device bf16 error
+
+// Checks that need no collective (run on every rank before the first one).
+void validate_cp_case(const CpCase& c, int64_t world_size);
+
+// Runs the case on this rank's groups (from rendezvous.groups(c.mesh, options)).
+std::vector<CheckRow> run_cp_case(const CpCase& c, Rendezvous& rendezvous, const GroupOptions& options);
+
+// The quick matrix `mlacp verify` runs by default on `world_size` ranks.
+std::vector<CpCase> default_cp_cases(int64_t world_size);
+// The full float64 exactness matrix of the test suite (P = 4).
+std::vector<CpCase> exactness_cp_cases();
+std::vector<CpCase> find_cp_cases(const std::vector<std::string>& names, int64_t world_size);
+
+}  // namespace mlacp

@@ -1,0 +1,90 @@
+// install_context_parallel and the plan that fits a module: the SPEC §8 install checks, then the
+// cross-rank plan fingerprint comparison (the first collective), then the core swap.
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "core/format.h"
+#include "mlacp/errors.h"
+#include "mlacp/runtime.h"
+#include "runtime/cp_attention.h"
+
+namespace mlacp {
+namespace {
+
+constexpr const char* kWhat = "CP install";
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << std::hex << value;
+  return out.str();
+}
+
+void check_projection(const torch::nn::Linear& linear, const char* name, int64_t dim, int64_t expected) {
+  MLACP_REQUIRE(linear->weight.size(dim) == expected, kWhat, "projection shape must match the TP-local heads",
+                {got(std::string(name) + ".weight.shape", shape_text(linear->weight)),
+                 got(dim == 0 ? "expected rows" : "expected columns", expected)},
+                "apply TP sharding first (module->shard_heads_for_tp(tp_rank, tp))");
+}
+
+void compare_fingerprints(const CommGroup& group, const char* group_name, uint64_t mine) {
+  const std::vector<uint64_t> all = all_gather_u64(group, mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    MLACP_REQUIRE(all[r] == mine, kWhat, std::string("plan fingerprints differ across the ") + group_name + " group",
+                  {got("this_rank_fingerprint", hex(mine)), got("rank", r), got("its_fingerprint", hex(all[r]))},
+                  "build the plan from the same config and options on every rank");
+  }
+}
+
+}  // namespace
+
+CpPlanSpec plan_spec_for(const MlaConfig& c, const MeshShape& shape, CpStrategy strategy, CpPartition partition,
+                         bool overlap) {
+  CpPlanSpec spec;
+  spec.dims = {c.num_heads, c.query_latent_dim(), c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim};
+  spec.tp = shape.tp;
+  spec.cp = shape.cp;
+  spec.ulysses = shape.ulysses;
+  spec.strategy = strategy;
+  spec.partition = partition;
+  spec.overlap = overlap;
+  return spec;
+}
+
+void install_context_parallel(MlaAttention& module, const CpPlan& plan, const ParallelGroups& groups) {
+  const MlaConfig& c = module->config();
+  MLACP_REQUIRE(module->core() == nullptr, kWhat, "CP is already installed on this module",
+                {got("installed", module->core() ? module->core()->describe() : "")},
+                "install once; build a new module for another plan");
+  const PlanDims& d = plan.dims();
+  MLACP_REQUIRE(d.heads == c.num_heads && d.q_rank == c.query_latent_dim() && d.kv_rank == c.kv_lora_rank &&
+                    d.nope_dim == c.qk_nope_head_dim && d.rope_dim == c.qk_rope_head_dim && d.value_dim == c.v_head_dim,
+                kWhat, "plan dims must match the module's config",
+                {got("plan", plan.to_json()), got("heads", c.num_heads), got("kv_lora_rank", c.kv_lora_rank)},
+                "build the plan with plan_spec_for(module->config(), ...)");
+  const std::pair<const CommGroup*, std::pair<const char*, int64_t>> degrees[] = {
+      {&groups.tp, {"tp", plan.tp()}}, {&groups.cp, {"cp", plan.cp()}}, {&groups.ulysses, {"ulysses", plan.ulysses()}}};
+  for (const auto& [group, degree] : degrees) {
+    MLACP_REQUIRE(group->defined() && group->size() == degree.second, kWhat,
+                  std::string("the ") + degree.first + " group size must equal the plan's degree",
+                  {got(std::string(degree.first) + "_group_size", group->defined() ? group->size() : 0),
+                   got(std::string("plan.") + degree.first, degree.second)},
+                  "create the groups with the same MeshShape as the plan");
+  }
+  const int64_t h = plan.local_heads();
+  check_projection(c.q_lora_rank ? module->q_b_proj : module->q_proj, c.q_lora_rank ? "q_b_proj" : "q_proj", 0,
+                   h * c.qk_head_dim());
+  check_projection(module->kv_b_proj, "kv_b_proj", 0, h * (c.qk_nope_head_dim + c.v_head_dim));
+  check_projection(module->o_proj, "o_proj", 1, h * c.v_head_dim);
+  if (c.output_gate) check_projection(module->o_gate_proj, "o_gate_proj", 0, h * c.v_head_dim);
+  MLACP_REQUIRE(module->local_heads() == h, kWhat, "module heads must equal the plan's TP-local heads",
+                {got("module.local_heads", module->local_heads()), got("plan.local_heads", h)},
+                "apply TP sharding first (module->shard_heads_for_tp(tp_rank, tp))");
+
+  // First collectives: every rank must hold the same plan.
+  compare_fingerprints(groups.cp, "CP", plan.fingerprint());
+  compare_fingerprints(groups.tp, "TP", plan.fingerprint());
+  module->install_core(std::make_shared<CpAttentionCore>(plan, groups));
+}
+
+}  // namespace mlacp
