@@ -150,7 +150,7 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
   }
   GroupOptions options;
   options.timeout = std::chrono::seconds(args.timeout_s);
-  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  GroupCache group_cache(Rendezvous::tcp(world, options.timeout), options);
   nlohmann::json described = nlohmann::json::array();
   for (size_t i = 0; i < cases.size(); ++i) {
     const CpCase& c = cases[i];
@@ -163,7 +163,19 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
       report.add({c.name, std::string("rejected: ") + e.rule(), INFINITY, 0.0});
       continue;
     }
-    for (const CheckRow& row : run_cp_case(c, rendezvous, options)) report.add(row);
+    std::vector<CheckRow> rows;
+    try {
+      rows = run_cp_case(c, group_cache.get(c.mesh));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string cause = e.what();
+      cause = cause.substr(0, cause.find('\n'));
+      throw Error("verify", "communication with the other ranks failed (a rank died or a collective timed out)",
+                  {got("rank", world.rank), got("case", c.name), got("timeout_s", args.timeout_s), got("cause", cause)},
+                  "look for the first failing rank's own error; raise --timeout for slow cases");
+    }
+    for (const CheckRow& row : rows) report.add(row);
   }
   if (!lead) return report.failures == 0 ? 0 : 1;
   return report.finish(args.json_path, "multi-rank", {{"world_size", world.size}, {"cases", described}});

@@ -90,9 +90,21 @@ void validate_cp_case(const CpCase& c, int64_t world_size) {
   check_shardable(c.partition, c.base.seq_len, c.mesh.cp);
 }
 
-std::vector<CheckRow> run_cp_case(const CpCase& c, Rendezvous& rendezvous, const GroupOptions& options) {
-  validate_cp_case(c, rendezvous.world().size);
-  ParallelGroups groups = rendezvous.groups(c.mesh, options);
+ParallelGroups& GroupCache::get(const MeshShape& shape) {
+  const int64_t u = shape.ulysses == 0 ? shape.cp : shape.ulysses;
+  for (auto& [built_shape, groups] : built_) {
+    if (built_shape.dp == shape.dp && built_shape.cp == shape.cp && built_shape.tp == shape.tp &&
+        built_shape.ulysses == u)
+      return groups;
+  }
+  MeshShape key = shape;
+  key.ulysses = u;
+  built_.emplace_back(key, rendezvous_.groups(shape, options_));
+  return built_.back().second;
+}
+
+std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
+  validate_cp_case(c, groups.world_info.size);
   const MlaConfig& cfg = c.base.config;
   const bool bf16 = c.dtype == at::kBFloat16;
   const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;

@@ -34,8 +34,23 @@ constexpr double kCpBf16Factor = 2.0;          // bf16: at most 2x the single-de
 // Checks that need no collective (run on every rank before the first one).
 void validate_cp_case(const CpCase& c, int64_t world_size);
 
-// Runs the case on this rank's groups (from rendezvous.groups(c.mesh, options)).
-std::vector<CheckRow> run_cp_case(const CpCase& c, Rendezvous& rendezvous, const GroupOptions& options);
+// Runs the case on this rank's groups, whose shape must be c.mesh (see GroupCache).
+std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups);
+
+// Builds each mesh shape's groups once and hands them out again for later cases of that shape
+// (fewer rendezvous: faster, and a peer that dies mid-run is met inside a collective, where the
+// timeout applies). Every rank must ask for the same shapes in the same order.
+class GroupCache {
+ public:
+  GroupCache(Rendezvous rendezvous, GroupOptions options)
+      : rendezvous_(std::move(rendezvous)), options_(std::move(options)) {}
+  ParallelGroups& get(const MeshShape& shape);
+
+ private:
+  Rendezvous rendezvous_;
+  GroupOptions options_;
+  std::vector<std::pair<MeshShape, ParallelGroups>> built_;
+};
 
 // The quick matrix `mlacp verify` runs by default on `world_size` ranks.
 std::vector<CpCase> default_cp_cases(int64_t world_size);
