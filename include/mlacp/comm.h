@@ -29,11 +29,12 @@ std::string collective_kind_name(CollectiveKind kind);
 struct CommTotals {
   int64_t bytes = 0;
   int64_t calls = 0;
-  double wire_seconds = 0.0;  // launch -> completion, summed (emulated link: modelled time)
+  double wire_seconds = 0.0;  // launch -> end of wait, summed (with an emulated link: at least the modelled time)
 };
 class CommCounters {
  public:
   void add(CollectiveKind kind, const std::string& label, int64_t bytes);
+  void add_wire_time(CollectiveKind kind, const std::string& label, double seconds);
   void reset();
   CommTotals by_kind(CollectiveKind kind) const;
   const std::map<std::string, CommTotals>& by_label() const { return by_label_; }

@@ -27,6 +27,10 @@ void CommCounters::add(CollectiveKind kind, const std::string& label, int64_t by
   by_label_[label].bytes += bytes;
   by_label_[label].calls += 1;
 }
+void CommCounters::add_wire_time(CollectiveKind kind, const std::string& label, double seconds) {
+  by_kind_[kind].wire_seconds += seconds;
+  by_label_[label].wire_seconds += seconds;
+}
 void CommCounters::reset() {
   by_kind_.clear();
   by_label_.clear();
@@ -62,6 +66,8 @@ struct AsyncHandle::State {
   int64_t bytes = 0;
   std::string label;
   std::shared_ptr<LinkModel> link;
+  std::shared_ptr<CommCounters> counters;  // null for groups of size 1
+  CollectiveKind kind = CollectiveKind::all_to_all;
   bool waited = false;
 };
 
@@ -100,6 +106,10 @@ std::vector<at::Tensor> AsyncHandle::wait() {
                           std::chrono::duration<double>(state_->link->transfer_seconds(state_->bytes)));
     std::this_thread::sleep_until(done);
   }
+  if (state_->counters) {
+    state_->counters->add_wire_time(state_->kind, state_->label,
+                                    std::chrono::duration<double>(Clock::now() - state_->launched_at).count());
+  }
   std::vector<at::Tensor> results = state_->finish();
   state_->buffers.clear();
   state_->work.reset();
@@ -117,6 +127,15 @@ namespace {
 
 constexpr const char* kWhat = "collective";
 
+// A contiguous send buffer that does not alias `source`: inputs are read at launch, so the caller
+// may overwrite them before wait().
+at::Tensor owned_contiguous(const at::Tensor& t, const at::Tensor& source) {
+  at::Tensor c = t.contiguous();
+  const bool aliases = c.storage().is_alias_of(source.storage());
+  return aliases ? c.clone() : c;
+}
+at::Tensor owned_contiguous(const at::Tensor& t) { return owned_contiguous(t, t); }
+
 // 16-bit floats travel as bit copies (Gloo 1.13 has no bf16).
 at::Tensor wire_view(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
@@ -129,7 +148,11 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
   state->label = label;
   state->bytes = bytes;
   state->link = group.impl().link;
-  if (group.size() > 1 && group.impl().counters) group.impl().counters->add(kind, label, bytes);
+  state->kind = kind;
+  if (group.size() > 1 && group.impl().counters) {
+    state->counters = group.impl().counters;
+    state->counters->add(kind, label, bytes);
+  }
   return state;
 }
 
@@ -266,7 +289,7 @@ AsyncHandle launch_all_gather_seq(const CommGroup& group, const at::Tensor& x, c
   MLACP_REQUIRE(x.dim() >= 2, kWhat, "all-gather along the sequence takes [B, S_l, ...]",
                 {got("label", label), got("shape", shape_text(x))}, "add the batch dim");
   if (g == 1) return finished(group, label, CollectiveKind::all_gather, [x] { return std::vector<at::Tensor>{x}; });
-  at::Tensor send = x.contiguous();
+  at::Tensor send = owned_contiguous(x);
   std::vector<int64_t> shape{g};
   for (int64_t d : x.sizes()) shape.push_back(d);
   at::Tensor receive = at::empty(shape, x.options());  // [G, B, S_l, ...]
@@ -299,7 +322,7 @@ AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& 
   std::vector<int64_t> split_shape{x.size(0), g, x.size(1) / g};
   for (int64_t d = 2; d < x.dim(); ++d) split_shape.push_back(x.size(d));
   // send [G(dest), B, S_l, ...]: block j of the sequence goes to rank j.
-  at::Tensor send = x.reshape(split_shape).transpose(0, 1).to(widen ? at::kFloat : out_dtype).contiguous();
+  at::Tensor send = owned_contiguous(x.reshape(split_shape).transpose(0, 1).to(widen ? at::kFloat : out_dtype), x);
   at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, ...]
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::reduce_scatter);
@@ -311,7 +334,9 @@ AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& 
 
 AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, const std::string& label) {
   const int64_t g = group.size();
-  if (g == 1) return finished(group, label, CollectiveKind::all_reduce, [x] { return std::vector<at::Tensor>{x}; });
+  if (g == 1) {
+    return finished(group, label, CollectiveKind::all_reduce, [x] { return std::vector<at::Tensor>{x.clone()}; });
+  }
   const auto out_dtype = x.scalar_type();
   const bool widen = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;
   at::Tensor buffer = x.to(widen ? at::kFloat : out_dtype).contiguous().clone();

@@ -100,6 +100,9 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
   g.tp = make_group(store, "tp", tp_members, r, options, g.counters, g.link);
   g.ulysses = make_group(store, "ulysses", ulysses_members, r, options, g.counters, g.link);
   g.all_gather = make_group(store, "all_gather", gather_members, r, options, g.counters, g.link);
+  // Nobody leaves before every peer has finished connecting (a rank that exits right after
+  // creation would otherwise break a peer's half-built connection).
+  barrier(g.world);
   return g;
 }
 
@@ -113,6 +116,8 @@ WorldInfo world_from_env() {
   const char* addr = std::getenv("MASTER_ADDR");
   w.master_addr = addr ? addr : "127.0.0.1";
   w.port = static_cast<int>(env_int("MASTER_PORT", w.size > 1, 29500));
+  MLACP_REQUIRE(w.port >= 1 && w.port <= 65535, kWhat, "MASTER_PORT must be a TCP port in [1, 65535]",
+                {got("MASTER_PORT", w.port)}, "pick a free port, e.g. 29500");
   MLACP_REQUIRE(w.size >= 1 && w.rank < w.size, kWhat, "RANK must be below WORLD_SIZE",
                 {got("RANK", w.rank), got("WORLD_SIZE", w.size)}, "fix the launcher's environment");
   return w;

@@ -103,6 +103,7 @@ uint64_t CpPlan::fingerprint() const {
 }
 
 void check_shardable(CpPartition partition, int64_t seq_len, int64_t cp) {
+  MLACP_REQUIRE(cp >= 1, kWhat, "cp degree must be >= 1", {got("cp", cp)}, "use 1 for no CP");
   const int64_t pieces = partition == CpPartition::contiguous ? cp : 2 * cp;
   MLACP_REQUIRE(seq_len > 0 && seq_len % pieces == 0, kWhat,
                 "sequence length must be divisible by " +
@@ -113,6 +114,8 @@ void check_shardable(CpPartition partition, int64_t seq_len, int64_t cp) {
 
 std::vector<int64_t> shard_token_indices(CpPartition partition, int64_t seq_len, int64_t cp, int64_t cp_rank) {
   check_shardable(partition, seq_len, cp);
+  MLACP_REQUIRE(cp_rank >= 0 && cp_rank < cp, kWhat, "cp_rank must be in [0, cp)",
+                {got("cp_rank", cp_rank), got("cp", cp)}, "pass this rank's position in the CP group");
   std::vector<int64_t> tokens;
   auto append = [&](int64_t begin, int64_t count) {
     for (int64_t t = begin; t < begin + count; ++t) tokens.push_back(t);

@@ -13,16 +13,10 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "comm/comm.h"
+#include "core/autograd_node.h"
+#include "mlacp/comm.h"
 
 namespace mlacp {
-
-// Attaches `outputs` (fresh tensors computed without grad) to an autograd node whose backward is
-// `backward` (one gradient per input; undefined output gradients arrive as zeros). Returns the
-// outputs, now differentiable w.r.t. `inputs`. Shared by the plain and overlapped schedules.
-std::vector<at::Tensor> attach_backward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-                                        const std::string& name,
-                                        std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)> backward);
 
 std::vector<at::Tensor> seq_to_head(const CommGroup& group, const std::vector<at::Tensor>& xs, const std::string& label);
 at::Tensor head_to_seq(const CommGroup& group, const at::Tensor& x, const std::string& label);

@@ -1,0 +1,50 @@
+#include "core/autograd_node.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+namespace mlacp {
+namespace {
+
+using torch::autograd::variable_list;
+
+class LambdaBackward : public torch::autograd::Node {
+ public:
+  struct OutputMeta {
+    std::vector<int64_t> sizes;
+    at::TensorOptions options;
+  };
+  LambdaBackward(std::string name, BackwardFn fn, std::vector<OutputMeta> outputs)
+      : name_(std::move(name)), fn_(std::move(fn)), outputs_(std::move(outputs)) {}
+  variable_list apply(variable_list&& grads) override {
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (!grads[i].defined()) grads[i] = at::zeros(outputs_[i].sizes, outputs_[i].options);
+    return fn_(std::move(grads));
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+  std::vector<OutputMeta> outputs_;  // shape and options of each output
+};
+
+}  // namespace
+
+std::vector<at::Tensor> attach_backward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+                                        const std::string& name, BackwardFn backward) {
+  for (auto& out : outputs) out = out.detach();  // fresh autograd identity (not a view of a buffer)
+  bool any = false;
+  for (const auto& in : inputs) any = any || (in.defined() && in.requires_grad());
+  if (!any || !at::GradMode::is_enabled()) return outputs;
+  std::vector<LambdaBackward::OutputMeta> metas;
+  for (const auto& out : outputs) metas.push_back({out.sizes().vec(), out.options()});
+  auto node = std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward), std::move(metas)),
+                                              torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(outputs, node);
+  return outputs;
+}
+
+}  // namespace mlacp
