@@ -44,6 +44,7 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)");
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
+  g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)");
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
   g->add_option("--frozen", a.frozen, "frozen parameter-name prefixes; 'hidden' freezes the input")->delimiter(',');
   g->add_option("--seed", a.seed, "seed of parameters and inputs");
@@ -83,6 +84,7 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   if (a.partition) c.partition = parse_partition(*a.partition);
   if (a.dtype) c.dtype = parse_dtype(*a.dtype);
   c.frozen = a.frozen;
+  c.overlap = a.overlap.value_or(true);
   return c;
 }
 

@@ -32,6 +32,7 @@ struct AdHocCase {
   std::vector<int64_t> doc_ends, masked_rows;
   std::vector<std::string> frozen;
   bool gate = false;
+  std::optional<bool> overlap;
   bool given = false;  // set when any of the above was on the command line
 };
 

@@ -94,6 +94,11 @@ class MlaAttentionImpl : public torch::nn::Module {
   // gradient lands in those rows and nowhere else.
   std::pair<at::Tensor, at::Tensor> expand_key_value(const at::Tensor& kv_latent, const at::Tensor& key_rope,
                                                      int64_t head_begin, int64_t head_end);
+  // The two halves of expand_key_value, for schedules that run the projection themselves:
+  // kv_b_proj's rows of heads [head_begin, head_end) (weight, bias: views of the parameters) ...
+  std::pair<at::Tensor, at::Tensor> kv_up_rows(int64_t head_begin, int64_t head_end);
+  // ... and the assembly of projected [B, S, h*(Dn+Dv)] with the rotated key rope [B, S, Dr].
+  std::pair<at::Tensor, at::Tensor> assemble_key_value(const at::Tensor& projected, const at::Tensor& key_rope) const;
   // The single-device attention core on the naive reference kernel -> [B, S, H*Dv].
   at::Tensor reference_core(const LocalLatents& latents, const ResolvedForward& resolved);
   // attention [B, S, H*Dv], hidden [B, S, d] (for the gate) -> [B, S, d]. With TP the

@@ -22,6 +22,8 @@
 
 namespace mlacp {
 
+class Timeline;  // src/core/timeline.h: launches and waits are recorded there when enabled
+
 enum class CollectiveKind { all_to_all, all_gather, reduce_scatter, all_reduce };
 std::string collective_kind_name(CollectiveKind kind);
 
@@ -145,6 +147,7 @@ struct ParallelGroups {
   CommGroup world, dp, cp, tp, ulysses, all_gather;
   std::shared_ptr<CommCounters> counters;
   std::shared_ptr<LinkModel> link;
+  std::shared_ptr<Timeline> timeline;
   std::string describe() const;  // the rank order, printed by the tools
 };
 

@@ -20,6 +20,7 @@ CpCase make(const std::string& name, CpStrategy strategy, int64_t cp, int64_t ul
   c.mesh = {1, cp, 1, ulysses};
   c.strategy = strategy;
   c.partition = partition;
+  c.overlap = true;  // every case also checks overlap on == overlap off (SPEC §5)
   return c;
 }
 

@@ -103,22 +103,56 @@ ParallelGroups& GroupCache::get(const MeshShape& shape) {
   return built_.back().second;
 }
 
+namespace {
+
+// One CP forward + backward + SPEC §7 reduction on this rank, with the case's plan (overlap as given).
+struct CpRun {
+  at::Tensor output;                          // [B/dp, S_l, d]
+  at::Tensor hidden_grad;                     // undefined when the input is frozen
+  std::vector<std::pair<std::string, at::Tensor>> param_grads;  // TP-local, after reduction
+  CommCounters forward_counts, total_counts;
+};
+
+CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
+                  const std::function<at::Tensor(const at::Tensor&)>& mine) {
+  const bool bf16 = c.dtype == at::kBFloat16;
+  const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;
+  MlaAttention module = make_case_module(c.base, param_dtype);
+  if (c.mesh.tp > 1) module->shard_heads_for_tp(groups.tp_rank, c.mesh.tp);
+  freeze(c, module);
+  const CpPlan plan(plan_spec_for(c.base.config, groups.shape, c.strategy, c.partition, overlap));
+  install_context_parallel(module, plan, groups);
+  CaseInputs global = make_case_inputs(c.base, param_dtype);
+  at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!is_frozen(c, "hidden"));
+  at::Tensor weight = mine(global.output_weight);
+  CpRun run;
+  groups.counters->reset();
+  {
+    std::unique_ptr<compat::AutocastGuard> autocast;
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+    run.output = module->forward(hidden, global.options);
+    run.forward_counts = *groups.counters;
+    (run.output.to(at::kDouble) * weight.to(at::kDouble)).sum().backward();
+  }
+  run.total_counts = *groups.counters;
+  reduce_gradients(module->named_parameters(), groups);
+  run.output = run.output.detach();
+  run.hidden_grad = hidden.grad();
+  for (const auto& item : module->named_parameters()) run.param_grads.emplace_back(item.key(), item.value().grad());
+  return run;
+}
+
+}  // namespace
+
 std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
   validate_cp_case(c, groups.world_info.size);
   const MlaConfig& cfg = c.base.config;
   const bool bf16 = c.dtype == at::kBFloat16;
-  const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;
   const bool hidden_frozen = is_frozen(c, "hidden");
 
   ForwardBackward reference = reference_run(c, at::kDouble, false);
   ForwardBackward single_bf16;
   if (bf16) single_bf16 = reference_run(c, at::kFloat, true);
-
-  MlaAttention module = make_case_module(c.base, param_dtype);
-  if (c.mesh.tp > 1) module->shard_heads_for_tp(groups.tp_rank, c.mesh.tp);
-  freeze(c, module);
-  const CpPlan plan(plan_spec_for(cfg, groups.shape, c.strategy, c.partition, c.overlap));
-  install_context_parallel(module, plan, groups);
 
   // This rank's rows: batch rows of its DP rank, tokens of its CP rank.
   const int64_t local_batch = c.base.batch / c.mesh.dp;
@@ -126,22 +160,11 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
     return shard_sequence(global.narrow(0, groups.dp_rank * local_batch, local_batch), c.partition, c.mesh.cp,
                           groups.cp_rank);
   };
-  CaseInputs global = make_case_inputs(c.base, param_dtype);
-  at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!hidden_frozen);
-  at::Tensor weight = mine(global.output_weight);
-
-  groups.counters->reset();
-  at::Tensor output;
-  CommCounters forward_counts;
-  {
-    std::unique_ptr<compat::AutocastGuard> autocast;
-    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
-    output = module->forward(hidden, global.options);
-    forward_counts = *groups.counters;
-    (output.to(at::kDouble) * weight.to(at::kDouble)).sum().backward();
-  }
-  const CommCounters total_counts = *groups.counters;
-  reduce_gradients(module->named_parameters(), groups);
+  const CpRun run = run_cp_once(c, groups, c.overlap, mine);
+  const CpPlan plan(plan_spec_for(cfg, groups.shape, c.strategy, c.partition, c.overlap));
+  const at::Tensor& output = run.output;
+  const CommCounters& forward_counts = run.forward_counts;
+  const CommCounters& total_counts = run.total_counts;
 
   // Errors, in row order: output, input grad, parameter grads, frozen contract, bytes.
   std::vector<double> errors, tolerances;
@@ -160,13 +183,11 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
   std::map<std::string, at::Tensor> ref_grads(reference.gradients.begin(), reference.gradients.end());
   std::map<std::string, at::Tensor> bf16_grads(single_bf16.gradients.begin(), single_bf16.gradients.end());
   if (!hidden_frozen) {
-    add("grad hidden", error_of(hidden.grad(), mine(ref_grads["hidden"]), c.dtype),
+    add("grad hidden", error_of(run.hidden_grad, mine(ref_grads["hidden"]), c.dtype),
         bf16 ? bf16_tolerance(bf16_grads["hidden"], ref_grads["hidden"]) : tol);
   }
   double param_error = 0.0, param_tolerance = bf16 ? 0.0 : tol, frozen_violations = 0.0;
-  for (const auto& item : module->named_parameters()) {
-    const std::string& name = item.key();
-    const at::Tensor& grad = item.value().grad();
+  for (const auto& [name, grad] : run.param_grads) {
     if (is_frozen(c, name)) {
       frozen_violations += grad.defined() ? 1.0 : 0.0;
       continue;
@@ -196,6 +217,19 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
         0.0);
     add("bytes bwd |measured-formula|",
         std::abs(bwd_a2a - v.backward_all_to_all * es) + std::abs(bwd_rs - v.backward_reduce * wide), 0.0);
+  }
+  if (c.overlap && c.mesh.cp > 1) {
+    // The overlap schedule against the plain one, on the same ranks (SPEC §5: identical results).
+    const CpRun plain = run_cp_once(c, groups, false, mine);
+    double diff = max_abs_error(run.output, plain.output);
+    if (run.hidden_grad.defined()) diff = std::max(diff, max_abs_error(run.hidden_grad, plain.hidden_grad));
+    for (size_t i = 0; i < run.param_grads.size(); ++i) {
+      const at::Tensor& a = run.param_grads[i].second;
+      const at::Tensor& b = plain.param_grads[i].second;
+      if (a.defined() != b.defined()) diff = INFINITY;
+      else if (a.defined()) diff = std::max(diff, max_abs_error(a, b));
+    }
+    add("overlap on vs off (max abs)", diff, c.dtype == at::kDouble ? kOverlapFloat64Tolerance : tol);
   }
   // Same rows on every rank: worst error over the world.
   errors = all_reduce_max(groups.world, errors);

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
+#include "core/timeline.h"
 #include "mlacp/comm.h"
 
 namespace mlacp {
@@ -30,6 +31,7 @@ struct CommGroup::Impl {
   std::string name;
   std::shared_ptr<CommCounters> counters;
   std::shared_ptr<LinkModel> link;
+  std::shared_ptr<Timeline> timeline;
 };
 
 }  // namespace mlacp

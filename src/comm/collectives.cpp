@@ -67,6 +67,8 @@ struct AsyncHandle::State {
   std::string label;
   std::shared_ptr<LinkModel> link;
   std::shared_ptr<CommCounters> counters;  // null for groups of size 1
+  std::shared_ptr<Timeline> timeline;
+  double launched_at_us = 0.0;
   CollectiveKind kind = CollectiveKind::all_to_all;
   bool waited = false;
 };
@@ -99,12 +101,19 @@ std::vector<at::Tensor> AsyncHandle::wait() {
   MLACP_REQUIRE(!state_->waited, "async collective", "a handle may be waited exactly once",
                 {got("label", state_->label)}, "keep the result of the first wait()");
   state_->waited = true;
+  const double wait_begin_us = Timeline::now_us();
   if (state_->work) state_->work->wait();
   if (state_->link && state_->link->enabled() && state_->work) {
     const auto done = state_->launched_at +
                       std::chrono::duration_cast<Clock::duration>(
                           std::chrono::duration<double>(state_->link->transfer_seconds(state_->bytes)));
     std::this_thread::sleep_until(done);
+  }
+  if (state_->timeline) {
+    const double end_us = Timeline::now_us();
+    const double launch_us = state_->launched_at_us;
+    state_->timeline->record(state_->label, EventKind::wait, wait_begin_us, end_us);
+    state_->timeline->record(state_->label, EventKind::transfer, launch_us, end_us);
   }
   if (state_->counters) {
     state_->counters->add_wire_time(state_->kind, state_->label,
@@ -149,6 +158,11 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
   state->bytes = bytes;
   state->link = group.impl().link;
   state->kind = kind;
+  if (group.size() > 1 && group.impl().timeline && group.impl().timeline->enabled()) {
+    state->timeline = group.impl().timeline;
+    state->launched_at_us = Timeline::now_us();
+    state->timeline->record(label, EventKind::launch, state->launched_at_us, state->launched_at_us);
+  }
   if (group.size() > 1 && group.impl().counters) {
     state->counters = group.impl().counters;
     state->counters->add(kind, label, bytes);

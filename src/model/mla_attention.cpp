@@ -105,15 +105,37 @@ at::Tensor MlaAttentionImpl::rotate_key(const at::Tensor& key_rope_raw, const at
   return apply_rope(key_rope_raw, rope_positions, rope_->frequencies);  // [B, S, Dr]
 }
 
+std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::kv_up_rows(int64_t head_begin, int64_t head_end) {
+  const int64_t head_width = config_.qk_nope_head_dim + config_.v_head_dim;
+  MLACP_REQUIRE(0 <= head_begin && head_begin < head_end && head_end <= local_heads_, kCore,
+                "head range must lie inside kv_b_proj's heads",
+                {got("head_begin", head_begin), got("head_end", head_end), got("heads", local_heads_)},
+                "use [u*Hc, (u+1)*Hc) for Ulysses rank u");
+  const int64_t heads = head_end - head_begin;
+  // Slicing the parameter keeps its identity: the gradient lands in these rows only.
+  at::Tensor weight = kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
+  at::Tensor bias;
+  if (kv_b_proj->bias.defined()) bias = kv_b_proj->bias.narrow(0, head_begin * head_width, heads * head_width);
+  return {weight, bias};
+}
+
+std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::assemble_key_value(const at::Tensor& projected,
+                                                                       const at::Tensor& key_rope) const {
+  const MlaConfig& c = config_;
+  const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
+  const int64_t heads = projected.size(2) / head_width;
+  at::Tensor kv = projected.view({projected.size(0), projected.size(1), heads, head_width});  // [B, S, h, Dn+Dv]
+  at::Tensor key_nope = kv.narrow(-1, 0, c.qk_nope_head_dim);                                 // [B, S, h, Dn]
+  at::Tensor value = kv.narrow(-1, c.qk_nope_head_dim, c.v_head_dim);                         // [B, S, h, Dv]
+  at::Tensor shared = key_rope.unsqueeze(2).expand({kv.size(0), kv.size(1), heads, c.qk_rope_head_dim});
+  at::Tensor key = at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);               // [B, S, h, Dqk]
+  return {key, value};
+}
+
 std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::Tensor& kv_latent,
                                                                      const at::Tensor& key_rope,
                                                                      int64_t head_begin, int64_t head_end) {
   const MlaConfig& c = config_;
-  const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
-  MLACP_REQUIRE(0 <= head_begin && head_begin < head_end && head_end <= local_heads_, kCore,
-          "head range must lie inside kv_b_proj's heads",
-          {got("head_begin", head_begin), got("head_end", head_end), got("heads", local_heads_)},
-          "use [u*Hc, (u+1)*Hc) for Ulysses rank u");
   MLACP_REQUIRE(kv_latent.dim() == 3 && kv_latent.size(2) == c.kv_lora_rank && key_rope.dim() == 3 &&
                     key_rope.size(2) == c.qk_rope_head_dim && key_rope.size(0) == kv_latent.size(0) &&
                     key_rope.size(1) == kv_latent.size(1),
@@ -121,18 +143,8 @@ std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::T
                 {got("kv_latent.shape", shape_text(kv_latent)), got("key_rope.shape", shape_text(key_rope)),
                  got("Rkv", c.kv_lora_rank), got("Dr", c.qk_rope_head_dim)},
                 "pass the latents of compute_latents");
-  const int64_t heads = head_end - head_begin;
-  // Slicing the parameter keeps its identity: the gradient lands in these rows only.
-  at::Tensor weight = kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
-  at::Tensor bias;
-  if (kv_b_proj->bias.defined()) bias = kv_b_proj->bias.narrow(0, head_begin * head_width, heads * head_width);
-  at::Tensor kv = at::linear(kv_latent, weight, bias);                   // [B, S, h*(Dn+Dv)]
-  kv = kv.view({kv.size(0), kv.size(1), heads, head_width});             // [B, S, h, Dn+Dv]
-  at::Tensor key_nope = kv.narrow(-1, 0, c.qk_nope_head_dim);            // [B, S, h, Dn]
-  at::Tensor value = kv.narrow(-1, c.qk_nope_head_dim, c.v_head_dim);    // [B, S, h, Dv]
-  at::Tensor shared = key_rope.unsqueeze(2).expand({kv.size(0), kv.size(1), heads, c.qk_rope_head_dim});
-  at::Tensor key = at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);  // [B, S, h, Dqk]
-  return {key, value};
+  auto [weight, bias] = kv_up_rows(head_begin, head_end);
+  return assemble_key_value(at::linear(kv_latent, weight, bias), key_rope);  // [B, S, h, *]
 }
 
 void MlaAttentionImpl::validate_latents(const LocalLatents& l) const {

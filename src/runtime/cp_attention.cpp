@@ -15,7 +15,9 @@
 #include "kernels/reference_attention.h"
 #include "mlacp/errors.h"
 #include "model/forward_inputs.h"
+#include "core/timeline.h"
 #include "runtime/collective_ops.h"
+#include "runtime/overlap_schedule.h"
 
 namespace mlacp {
 namespace {
@@ -90,11 +92,21 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   // --- compute ---
   at::Tensor x = copy_to_tp(groups_.tp, hidden, "hidden");
   const LocalLatents latents = m.compute_latents(x);
-  at::Tensor query = m.expand_query(latents.query_latent, r.rope_positions);    // [B,S_l,H,Dqk]
   at::Tensor key_rope = m.rotate_key(latents.key_rope_raw, r.rope_positions);  // [B,S_l,Dr]
-  const AttentionInputs in = plan_.strategy() == CpStrategy::expanded_ulysses
-                                 ? expanded_inputs(m, latents, query, key_rope)
-                                 : latent_inputs(m, latents, query, key_rope);
+  const bool overlap = plan_.overlap() && plan_.cp() > 1;
+  const bool expanded = plan_.strategy() == CpStrategy::expanded_ulysses;
+  const ScheduleContext ctx{m, plan_, groups_};
+  ScheduledInputs in;
+  if (overlap) {
+    in = !expanded                    ? overlapped_latent_inputs(ctx, latents, r.rope_positions, key_rope)
+         : plan_.all_gather() == 1    ? overlapped_expanded_inputs(ctx, latents, x, r.rope_positions, key_rope)
+                                      : overlapped_expanded_hybrid_inputs(ctx, latents, r.rope_positions, key_rope);
+  } else {
+    at::Tensor query = m.expand_query(latents.query_latent, r.rope_positions);  // [B,S_l,H,Dqk]
+    const AttentionInputs plain = expanded ? expanded_inputs(m, latents, query, key_rope)
+                                           : latent_inputs(m, latents, query, key_rope);
+    in = {plain.query, plain.key, plain.value, {}};
+  }
   const Rows rows = rows_for(seq_len, hidden.device());
   AttentionStructure structure;
   structure.causal = r.causal;
@@ -102,8 +114,13 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   structure.key_token_index = rows.key_tokens;
   structure.document_ends = r.document_ends;
   if (r.mask.defined()) structure.mask = r.mask.index_select(2, rows.query_tokens).index_select(3, rows.key_tokens);
-  at::Tensor out = reference_attention(in.query.transpose(1, 2), in.key.transpose(1, 2), in.value.transpose(1, 2),
-                                       m.scaling(), structure);             // [B,Hc,Sq,Dv]
+  at::Tensor out;
+  {
+    ComputeSpan span(groups_.timeline.get(), "attention");
+    out = reference_attention(in.query.transpose(1, 2), in.key.transpose(1, 2), in.value.transpose(1, 2), m.scaling(),
+                              structure);  // [B,Hc,Sq,Dv]
+  }
+  if (overlap && plan_.ulysses() > 1) return overlapped_output(ctx, out.transpose(1, 2), x, in.gate);
   at::Tensor restored = restore_output(out.transpose(1, 2), batch, local_len);  // [B,S_l,H*Dv]
   if (plan_.tp() == 1) return m.project_output(restored, x);
   return m.project_output(restored, x, [this](const at::Tensor& partial) {

@@ -1,0 +1,48 @@
+// The overlap schedules of SPEC §5: collectives launched in one step and waited in a later one,
+// forward and backward, built from custom autograd nodes that share small state records (the
+// autograd engine's order is what makes "launch in one node, wait in a later node" work).
+// Results equal the plain schedule's (cp_attention.cpp) up to float64 rounding.
+#pragma once
+
+#include "mlacp/attention.h"
+#include "mlacp/comm.h"
+#include "mlacp/plan.h"
+
+namespace mlacp {
+
+struct ScheduleContext {
+  MlaAttentionImpl& module;
+  const CpPlan& plan;
+  const ParallelGroups& groups;
+};
+
+struct ScheduledInputs {
+  at::Tensor query;  // [B, Sq, Hc, Dqk]
+  at::Tensor key;    // [B, Sk, Hc, Dqk]
+  at::Tensor value;  // [B, Sk, Hc, Dv]
+  at::Tensor gate;   // [B, S_l, H*Dv] sigmoid(o_gate_proj(x)) when the schedule computed it, else undefined
+};
+
+// Expanded, pure Ulysses (A = 1):
+//   forward:  kv_b_proj | launch V | build K, launch K | q_b_proj+RoPE | launch Q | [gate proj] | wait Q,K,V
+//   backward: launch dQ,dK,dV | (no gate) wait dQ, q_b_proj/RoPE bwd under dK,dV | wait dK | wait dV
+//             (gate) gate bwd under dQ | wait dQ | ...
+ScheduledInputs overlapped_expanded_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
+                                           const at::Tensor& hidden, const at::Tensor& rope_positions,
+                                           const at::Tensor& key_rope);
+// Expanded hybrid (A > 1): forward launches overlap (K/V exchange under Q, K/V gather under the Q
+// exchange); backward is the plain one.
+ScheduledInputs overlapped_expanded_hybrid_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
+                                                  const at::Tensor& rope_positions, const at::Tensor& key_rope);
+// Latent (any U):
+//   forward:  launch latent gather | q_b_proj+RoPE | wait gather | launch Q | kv_b_proj(head rows) | wait Q
+//   backward: launch dQ | kv_b_proj dgrad, launch reduce-scatter | kv_b_proj wgrad | wait RS | wait dQ
+ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
+                                         const at::Tensor& rope_positions, const at::Tensor& key_rope);
+// Output (U > 1): restore head->seq, gate, o_proj.
+//   backward: o_proj dgrad | launch dO | gate grad, wgrad | restore waits dO
+// o_proj must be the only consumer of the restored output; a second one is an error in backward.
+at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& attention, const at::Tensor& hidden,
+                             const at::Tensor& gate);
+
+}  // namespace mlacp

@@ -1,0 +1,193 @@
+#include "train/model.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "mlacp/errors.h"
+#include "mlacp/runtime.h"
+#include "train/data.h"
+
+namespace mlacp::train {
+namespace {
+
+constexpr const char* kWhat = "decoder config";
+constexpr const char* kAttentionPrefix = "self_attn.";
+
+torch::nn::Linear linear(int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); }
+
+// "layers.3.self_attn.kv_b_proj.weight" -> "kv_b_proj.weight"; "" outside attention.
+std::string attention_parameter(const std::string& name) {
+  const size_t at = name.find(kAttentionPrefix);
+  return at == std::string::npos ? std::string() : name.substr(at + std::string(kAttentionPrefix).size());
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+void DecoderConfig::validate() const {
+  attention.validate();
+  MLACP_REQUIRE(vocab_size == ByteTokenizer::kVocabSize, kWhat, "vocab_size must be the byte tokenizer's 256",
+                {got("vocab_size", vocab_size)}, "mlacp train is byte-level");
+  MLACP_REQUIRE(num_layers >= 1, kWhat, "num_layers must be >= 1", {got("num_layers", num_layers)},
+                "use at least one decoder layer");
+  MLACP_REQUIRE(intermediate_size >= 1, kWhat, "intermediate_size must be >= 1",
+                {got("intermediate_size", intermediate_size)}, "e.g. 3 * hidden_size");
+}
+
+std::string DecoderConfig::describe() const {
+  const MlaConfig& a = attention;
+  std::ostringstream out;
+  out << "layers=" << num_layers << " hidden=" << a.hidden_size << " heads=" << a.num_heads
+      << " Rq=" << (a.q_lora_rank ? std::to_string(*a.q_lora_rank) : "none") << " Rkv=" << a.kv_lora_rank
+      << " Dn=" << a.qk_nope_head_dim << " Dr=" << a.qk_rope_head_dim << " Dv=" << a.v_head_dim
+      << " mlp=" << intermediate_size << " vocab=" << vocab_size;
+  return out.str();
+}
+
+DecoderConfig decoder_preset(const std::string& name) {
+  DecoderConfig c;
+  MlaConfig& a = c.attention;
+  if (name == "small") {
+    a.hidden_size = 64; a.num_heads = 4; a.q_lora_rank = 32; a.kv_lora_rank = 32;
+    a.qk_nope_head_dim = 16; a.qk_rope_head_dim = 8; a.v_head_dim = 16;
+    c.num_layers = 2; c.intermediate_size = 192;
+  } else if (name == "test") {
+    a.hidden_size = 32; a.num_heads = 4; a.q_lora_rank = 16; a.kv_lora_rank = 16;
+    a.qk_nope_head_dim = 8; a.qk_rope_head_dim = 4; a.v_head_dim = 8;
+    c.num_layers = 2; c.intermediate_size = 64;
+  } else {
+    fail(kWhat, "unknown decoder preset", {got("preset", name)}, "choose small or test, or pass --config FILE");
+  }
+  c.validate();
+  return c;
+}
+
+std::vector<std::string> decoder_preset_names() { return {"small", "test"}; }
+
+DecoderConfig load_decoder_config(const std::string& path) {
+  DecoderConfig c;
+  c.attention = load_config_file(path);  // validates the attention fields (and the file's existence)
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto integer = [&](const char* key, int64_t fallback) {
+    if (!j.is_object() || !j.contains(key)) return fallback;
+    MLACP_REQUIRE(j[key].is_number_integer(), kWhat, std::string(key) + " must be an integer",
+                  {got(key, j[key].dump()), got("path", path)}, "fix the config file");
+    return j[key].get<int64_t>();
+  };
+  c.num_layers = integer("num_hidden_layers", 2);
+  c.intermediate_size = integer("intermediate_size", 3 * c.attention.hidden_size);
+  c.validate();
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& config, const at::TensorOptions& options) {
+  const MlaConfig& a = config.attention;
+  input_layernorm = register_module("input_layernorm", RmsNorm(a.hidden_size, a.rms_norm_eps, options));
+  self_attn = register_module("self_attn", MlaAttention(a, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RmsNorm(a.hidden_size, a.rms_norm_eps, options));
+  gate_proj = register_module("gate_proj", linear(a.hidden_size, config.intermediate_size));
+  up_proj = register_module("up_proj", linear(a.hidden_size, config.intermediate_size));
+  down_proj = register_module("down_proj", linear(config.intermediate_size, a.hidden_size));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const std::vector<MlaForwardOptions>& row_options) {
+  const int64_t batch = hidden.size(0);
+  at::Tensor x = input_layernorm(hidden);  // [B, S_l, d]
+  bool packed = false;
+  for (const auto& o : row_options) packed = packed || o.document_ends.has_value();
+  at::Tensor attention;
+  if (!packed) {
+    attention = self_attn(x, row_options.empty() ? MlaForwardOptions{} : row_options.front());  // [B, S_l, d]
+  } else {
+    std::vector<at::Tensor> rows;  // packed rows need batch 1: one attention call per row
+    for (int64_t b = 0; b < batch; ++b) rows.push_back(self_attn(x.narrow(0, b, 1), row_options[b]));  // [1, S_l, d]
+    attention = batch == 1 ? rows.front() : at::cat(rows, 0);  // [B, S_l, d]
+  }
+  at::Tensor h = hidden + attention;
+  at::Tensor y = post_attention_layernorm(h);
+  return h + down_proj(at::silu(gate_proj(y)) * up_proj(y));  // [B, S_l, d]
+}
+
+// ---------------------------------------------------------------------------------------------
+DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, at::ScalarType dtype, uint64_t seed) : config_(config) {
+  config_.validate();
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  const int64_t d = config_.attention.hidden_size;
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, d));
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    layers.emplace_back(config_, options);
+    list->push_back(layers.back());
+  }
+  register_module("layers", list);
+  norm = register_module("norm", RmsNorm(d, config_.attention.rms_norm_eps, options));
+  lm_head = register_module("lm_head", linear(d, config_.vocab_size));
+  initialise(seed);
+  to(dtype);
+}
+
+void DecoderLmImpl::initialise(uint64_t seed) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + 29);
+  const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor p = item.value();
+    if (ends_with(name, "norm.weight")) {  // every RMSNorm (also the attention's latent norms)
+      p.fill_(1.0);
+    } else if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (name == "embed_tokens.weight") {
+      p.copy_(at::randn(p.sizes(), generator, p.options()));
+    } else {
+      double scale = 1.0 / std::sqrt(static_cast<double>(p.size(1)));  // fan-in
+      if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) scale *= residual_scale;
+      p.copy_(at::randn(p.sizes(), generator, p.options()) * scale);
+    }
+  }
+}
+
+at::Tensor DecoderLmImpl::forward(const at::Tensor& tokens, const std::vector<std::vector<int64_t>>& document_ends) {
+  MLACP_REQUIRE(tokens.dim() == 2 && static_cast<int64_t>(document_ends.size()) == tokens.size(0), "decoder forward",
+                "tokens must be [B, S_local] with one document-ends list per row",
+                {got("tokens.dim", tokens.dim()), got("rows", tokens.dim() > 0 ? tokens.size(0) : 0),
+                 got("document_end_lists", document_ends.size())},
+                "pass LocalBatch::tokens and LocalBatch::document_ends");
+  std::vector<MlaForwardOptions> row_options(tokens.size(0));
+  for (size_t b = 0; b < row_options.size(); ++b)
+    if (!document_ends[b].empty()) row_options[b].document_ends = document_ends[b];
+  at::Tensor h = embed_tokens(tokens);  // [B, S_l, d]
+  for (auto& layer : layers) h = layer(h, row_options);
+  return lm_head(norm(h));  // [B, S_l, V]
+}
+
+void DecoderLmImpl::shard_heads_for_tp(int64_t tp_rank, int64_t tp_size) {
+  for (auto& layer : layers) layer->self_attn->shard_heads_for_tp(tp_rank, tp_size);
+}
+
+void DecoderLmImpl::install_parallel(const CpPlan& plan, const ParallelGroups& groups) {
+  for (auto& layer : layers) install_context_parallel(layer->self_attn, plan, groups);
+}
+
+bool DecoderLmImpl::skips_tp_reduction(const std::string& name) {
+  const std::string inner = attention_parameter(name);
+  return inner.empty() || MlaAttentionImpl::is_tp_sharded_parameter(inner);
+}
+
+bool DecoderLmImpl::is_tp_split(const std::string& name) {
+  const std::string inner = attention_parameter(name);
+  return !inner.empty() && MlaAttentionImpl::is_tp_sharded_parameter(inner);
+}
+
+}  // namespace mlacp::train

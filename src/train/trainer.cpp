@@ -1,0 +1,376 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "core/compat.h"
+#include "core/format.h"
+#include "mlacp/errors.h"
+#include "mlacp/runtime.h"
+
+namespace mlacp::train {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kWhat = "train";
+constexpr const char* kMetaFile = "meta.json";
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string shard_file(const std::string& dir, int64_t tp_rank, int64_t tp) {
+  return (fs::path(dir) / ("tp" + std::to_string(tp_rank) + "-of-" + std::to_string(tp) + ".pt")).string();
+}
+
+int64_t ulysses_of(const MeshShape& m) { return m.ulysses == 0 ? m.cp : m.ulysses; }
+
+void check_optimizer(const OptimizerConfig& o) {
+  MLACP_REQUIRE(std::isfinite(o.lr) && o.lr > 0.0, kWhat, "learning rate must be finite and > 0", {got("lr", o.lr)},
+                "e.g. --lr 3e-3");
+  MLACP_REQUIRE(o.beta1 >= 0.0 && o.beta1 < 1.0 && o.beta2 >= 0.0 && o.beta2 < 1.0, kWhat,
+                "AdamW betas must lie in [0, 1)", {got("beta1", o.beta1), got("beta2", o.beta2)}, "e.g. 0.9, 0.95");
+  MLACP_REQUIRE(std::isfinite(o.eps) && o.eps > 0.0, kWhat, "AdamW eps must be > 0", {got("eps", o.eps)}, "e.g. 1e-8");
+  MLACP_REQUIRE(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, kWhat, "weight decay must be >= 0",
+                {got("weight_decay", o.weight_decay)}, "e.g. 0.1");
+  MLACP_REQUIRE(o.warmup_steps >= 0, kWhat, "warmup steps must be >= 0", {got("warmup_steps", o.warmup_steps)}, "");
+  MLACP_REQUIRE(std::isfinite(o.grad_clip) && o.grad_clip >= 0.0, kWhat, "gradient clip must be >= 0 (0 = off)",
+                {got("grad_clip", o.grad_clip)}, "e.g. 1.0");
+}
+
+void check_resumable(const TrainConfig& c, const CheckpointMeta& meta) {
+  const std::string dtype = dtype_name(c.dtype);
+  MLACP_REQUIRE(meta.tp == c.mesh.tp && meta.model == c.model.describe() && meta.seq_len == c.seq_len &&
+                    meta.batch == c.batch && meta.dtype == dtype && meta.seed == c.seed,
+                kWhat, "the checkpoint does not match this run (tp, model, seq, batch, dtype and seed must be equal)",
+                {got("checkpoint", c.checkpoint_dir), got("checkpoint.tp", meta.tp), got("tp", c.mesh.tp),
+                 got("checkpoint.model", meta.model), got("model", c.model.describe()),
+                 got("checkpoint.seq", meta.seq_len), got("seq", c.seq_len), got("checkpoint.batch", meta.batch),
+                 got("batch", c.batch), got("checkpoint.dtype", meta.dtype), got("dtype", dtype),
+                 got("checkpoint.seed", meta.seed), got("seed", c.seed)},
+                "resume with the settings of the run that wrote it (dp, cp, strategy and partition may change)");
+  MLACP_REQUIRE(meta.step <= c.steps, kWhat, "the checkpoint is already past the last step",
+                {got("checkpoint.step", meta.step), got("steps", c.steps)}, "raise --steps to continue training");
+  for (int64_t r = 0; r < meta.tp; ++r) {
+    MLACP_REQUIRE(fs::exists(shard_file(c.checkpoint_dir, r, meta.tp)), kWhat, "a checkpoint shard is missing",
+                  {got("file", shard_file(c.checkpoint_dir, r, meta.tp))}, "resume from a complete checkpoint");
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+double OptimizerConfig::lr_at(int64_t step) const {
+  if (warmup_steps <= 0 || step >= warmup_steps) return lr;
+  return lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
+}
+
+std::string TrainConfig::describe() const {
+  std::ostringstream out;
+  out << model.describe() << " | dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
+      << " ulysses=" << ulysses_of(mesh) << " strategy=" << strategy_name(strategy)
+      << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
+      << " | dtype=" << dtype_name(dtype) << " S=" << seq_len << " batch=" << batch << " steps=" << steps
+      << " lr=" << optimizer.lr << " warmup=" << optimizer.warmup_steps << " clip=" << optimizer.grad_clip
+      << " wd=" << optimizer.weight_decay << " seed=" << seed;
+  return out.str();
+}
+
+std::string StepRecord::to_json() const {
+  nlohmann::json j{{"step", step},         {"loss", loss},   {"tokens_per_s", tokens_per_second},
+                   {"grad_norm", grad_norm}, {"lr", lr},     {"tokens", tokens},
+                   {"step_s", step_seconds}, {"time_s", elapsed_seconds}};
+  return j.dump();
+}
+
+StepRecord StepRecord::from_json(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  MLACP_REQUIRE(j.is_object() && j.contains("step") && j.contains("loss"), "training log",
+                "each line must be a JSON object with step and loss", {got("line", line.substr(0, 120))},
+                "pass a log written by mlacp train --log");
+  StepRecord r;
+  r.step = j.at("step").get<int64_t>();
+  r.loss = j.at("loss").get<double>();
+  r.tokens_per_second = j.value("tokens_per_s", 0.0);
+  r.grad_norm = j.value("grad_norm", 0.0);
+  r.lr = j.value("lr", 0.0);
+  r.tokens = j.value("tokens", int64_t{0});
+  r.step_seconds = j.value("step_s", 0.0);
+  r.elapsed_seconds = j.value("time_s", 0.0);
+  return r;
+}
+
+double loss_agreement_tolerance(at::ScalarType dtype) {
+  if (dtype == at::kDouble) return kLossAgreementFloat64;
+  if (dtype == at::kFloat) return kLossAgreementFloat32;
+  return kLossAgreementBf16;
+}
+
+double max_relative_loss_difference(const std::vector<StepRecord>& run, const std::vector<StepRecord>& reference,
+                                    int64_t* common) {
+  std::map<int64_t, double> by_step;
+  for (const auto& r : reference) by_step[r.step] = r.loss;
+  double worst = 0.0;
+  int64_t count = 0;
+  for (const auto& r : run) {
+    const auto it = by_step.find(r.step);
+    if (it == by_step.end()) continue;
+    ++count;
+    const double diff = std::abs(r.loss - it->second) / std::max(std::abs(it->second), 1e-300);
+    worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+  }
+  if (common) *common = count;
+  return count == 0 ? INFINITY : worst;
+}
+
+std::vector<StepRecord> read_step_log(const std::string& path) {
+  std::ifstream in(path);
+  MLACP_REQUIRE(in.good(), "training log", "the log file must exist and be readable", {got("path", path)},
+                "pass a log written by mlacp train --log FILE.jsonl");
+  std::vector<StepRecord> records;
+  for (std::string line; std::getline(in, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) records.push_back(StepRecord::from_json(line));
+  return records;
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kMetaFile;
+  std::ifstream in(path);
+  MLACP_REQUIRE(!dir.empty() && in.good(), kWhat, "--resume needs a checkpoint (meta.json) in the checkpoint folder",
+                {got("checkpoint", dir)}, "run once with --checkpoint DIR first, or drop --resume");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  MLACP_REQUIRE(j.is_object() && j.contains("step") && j.contains("data_position") && j.contains("tp"), kWhat,
+                "checkpoint meta.json is unreadable", {got("path", path.string())}, "resume from a complete checkpoint");
+  CheckpointMeta m;
+  m.step = j.at("step").get<int64_t>();
+  m.data_position = j.at("data_position").get<int64_t>();
+  m.tp = j.at("tp").get<int64_t>();
+  m.model = j.value("model", "");
+  m.seq_len = j.value("seq_len", int64_t{0});
+  m.batch = j.value("batch", int64_t{0});
+  m.dtype = j.value("dtype", "");
+  m.seed = j.value("seed", uint64_t{0});
+  return m;
+}
+
+PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size) {
+  PreparedTraining p;
+  p.config = config;
+  TrainConfig& c = p.config;
+  MLACP_REQUIRE(c.dtype == at::kDouble || c.dtype == at::kFloat || c.dtype == at::kBFloat16, kWhat,
+                "dtype must be float64, float32 or bfloat16 (autocast)", {got("dtype", dtype_name(c.dtype))},
+                "pass --dtype float64|float32|bfloat16");
+  c.model.validate();
+  check_mesh_shape(c.mesh, world_size);  // dp * cp * tp == world, cp % ulysses == 0
+  c.mesh.ulysses = ulysses_of(c.mesh);
+  const CpPlan plan(plan_spec_for(c.model.attention, c.mesh, c.strategy, c.partition, c.overlap));  // heads % (tp*U)
+  MLACP_REQUIRE(c.seq_len > 0, kWhat, "sequence length must be > 0", {got("seq_len", c.seq_len)}, "pass --seq N");
+  check_shardable(c.partition, c.seq_len, c.mesh.cp);
+  MLACP_REQUIRE(c.batch >= 1 && c.batch % c.mesh.dp == 0, kWhat,
+                "batch must be >= 1 and divisible by dp (each DP rank takes batch/dp sequences)",
+                {got("batch", c.batch), got("dp", c.mesh.dp)}, "choose a batch that dp divides");
+  MLACP_REQUIRE(c.steps >= 1, kWhat, "steps must be >= 1", {got("steps", c.steps)}, "pass --steps N");
+  check_optimizer(c.optimizer);
+  MLACP_REQUIRE(c.checkpoint_every >= 0, kWhat, "checkpoint interval must be >= 0",
+                {got("checkpoint_every", c.checkpoint_every)}, "0 saves only after the last step");
+  MLACP_REQUIRE(!c.resume || !c.checkpoint_dir.empty(), kWhat, "--resume needs --checkpoint DIR", {got("resume", true)},
+                "pass the folder of the checkpoint to continue from");
+  if (c.corpus_path.empty()) c.corpus_path = default_corpus_path();
+  p.data = std::make_shared<const PackedCorpus>(load_corpus(c.corpus_path), c.seq_len);
+  if (c.resume) {
+    p.resume_from = read_checkpoint_meta(c.checkpoint_dir);
+    check_resumable(c, *p.resume_from);
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+Trainer::Trainer(const TrainConfig& config, const ParallelGroups& groups)
+    : Trainer(prepare_training(config, groups.world_info.size), groups) {}
+
+Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
+    : config_(std::move(prepared.config)),
+      data_(std::move(prepared.data)),
+      groups_(groups),
+      sampler_(*data_, config_.batch, config_.seed) {
+  const MeshShape& m = config_.mesh;
+  MLACP_REQUIRE(groups_.shape.dp == m.dp && groups_.shape.cp == m.cp && groups_.shape.tp == m.tp &&
+                    ulysses_of(groups_.shape) == m.ulysses,
+                kWhat, "the process groups must have the configured mesh shape",
+                {got("groups", groups_.describe()), got("dp", m.dp), got("cp", m.cp), got("tp", m.tp),
+                 got("ulysses", m.ulysses)},
+                "create the groups with TrainConfig::mesh");
+  at::manual_seed(config_.seed);
+  const at::ScalarType param_dtype = config_.dtype == at::kBFloat16 ? at::kFloat : config_.dtype;
+  model_ = DecoderLm(config_.model, param_dtype, config_.seed);  // same values on every rank
+  if (m.tp > 1) model_->shard_heads_for_tp(groups_.tp_rank, m.tp);
+  if (m.cp > 1 || m.tp > 1) {
+    const CpPlan plan(plan_spec_for(config_.model.attention, m, config_.strategy, config_.partition, config_.overlap));
+    model_->install_parallel(plan, groups_);  // first collective: plan fingerprints
+  }
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  const OptimizerConfig& o = config_.optimizer;
+  auto options = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o.lr_at(1))
+                                                            .betas({o.beta1, o.beta2})
+                                                            .eps(o.eps)
+                                                            .weight_decay(weight_decay));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  param_groups.emplace_back(decay, options(o.weight_decay));
+  param_groups.emplace_back(no_decay, options(0.0));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(param_groups, torch::optim::AdamWOptions(o.lr_at(1)));
+  if (prepared.resume_from) load_checkpoint(*prepared.resume_from);
+  started_ = now_seconds();
+}
+
+at::Tensor Trainer::forward_backward(const LocalBatch& local) {
+  const bool bf16 = config_.dtype == at::kBFloat16;
+  const at::ScalarType loss_dtype = config_.dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor loss;
+  {
+    std::unique_ptr<compat::AutocastGuard> autocast;
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+    at::Tensor logits = model_->forward(local.tokens, local.document_ends);  // [b, S_l, V]
+    at::Tensor token_losses_sum =
+        at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(loss_dtype), local.labels.reshape({-1}), {},
+                               at::Reduction::Sum, kIgnoreLabel);
+    loss = token_losses_sum / static_cast<double>(local.global_label_count);  // SPEC §7: global normaliser
+  }
+  loss.backward();
+  return loss.detach();
+}
+
+double Trainer::clip_gradients() {
+  at::NoGradGuard no_grad;
+  double whole = 0.0, split = 0.0;  // squared norms: parameters whole on every rank / split over TP
+  for (const auto& item : model_->named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    if (!g.defined()) continue;
+    const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
+    (DecoderLmImpl::is_tp_split(item.key()) ? split : whole) += sq;
+  }
+  if (groups_.tp.size() > 1) {
+    split = launch_all_reduce_sum(groups_.tp, at::tensor({split}, at::kDouble), "grad_norm").wait_one().item<double>();
+  }
+  const double norm = std::sqrt(whole + split);
+  const double max_norm = config_.optimizer.grad_clip;
+  if (max_norm > 0.0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (auto& p : model_->parameters())
+      if (p.grad().defined()) p.grad().mul_(scale);
+  }
+  return norm;
+}
+
+StepRecord Trainer::step() {
+  const double begin = now_seconds();
+  StepRecord r;
+  r.step = step_ + 1;
+  const GlobalBatch batch = sampler_.next();
+  const LocalBatch local = shard_batch(batch, config_.partition, config_.mesh.cp, groups_.cp_rank, config_.mesh.dp,
+                                       groups_.dp_rank);
+  MLACP_REQUIRE(local.global_label_count > 0, kWhat, "a batch has no token with a label",
+                {got("step", r.step), got("seq_len", config_.seq_len)}, "use longer sequences or documents");
+  optimizer_->zero_grad();
+  at::Tensor loss = forward_backward(local);
+  reduce_gradients(model_->named_parameters(), groups_, &DecoderLmImpl::skips_tp_reduction);  // SPEC §7
+  r.grad_norm = clip_gradients();
+  r.lr = config_.optimizer.lr_at(r.step);
+  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
+  optimizer_->step();
+  at::Tensor global_loss = loss.to(at::kDouble).reshape({1});
+  for (const CommGroup* g : {&groups_.cp, &groups_.dp})
+    if (g->size() > 1) global_loss = launch_all_reduce_sum(*g, global_loss, "loss").wait_one();
+  r.loss = global_loss.item<double>();
+  step_ = r.step;
+  const double end = now_seconds();
+  r.tokens = config_.batch * config_.seq_len;
+  r.step_seconds = end - begin;
+  r.tokens_per_second = r.step_seconds > 0.0 ? static_cast<double>(r.tokens) / r.step_seconds : 0.0;
+  r.elapsed_seconds = end - started_;
+  const bool due = config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0;
+  if (!config_.checkpoint_dir.empty() && (due || done())) save_checkpoint();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+void Trainer::save_checkpoint() {
+  MLACP_REQUIRE(!config_.checkpoint_dir.empty(), kWhat, "saving a checkpoint needs a checkpoint folder", {},
+                "pass --checkpoint DIR");
+  const std::string& dir = config_.checkpoint_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MLACP_REQUIRE(fs::is_directory(dir), kWhat, "cannot create the checkpoint folder",
+                {got("checkpoint", dir), got("error", ec.message())}, "choose a writable path");
+  if (groups_.dp_rank == 0 && groups_.cp_rank == 0) {  // one writer per TP shard
+    torch::serialize::OutputArchive archive;
+    torch::serialize::OutputArchive model_archive(archive.compilation_unit());
+    torch::serialize::OutputArchive optimizer_archive(archive.compilation_unit());
+    model_->save(model_archive);
+    optimizer_->save(optimizer_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.write("step", at::tensor(step_, at::kLong));
+    archive.write("data_position", at::tensor(sampler_.position(), at::kLong));
+    const std::string file = shard_file(dir, groups_.tp_rank, config_.mesh.tp);
+    archive.save_to(file + ".tmp");
+    fs::rename(file + ".tmp", file);
+  }
+  barrier(groups_.world);
+  if (groups_.world_info.rank == 0) {  // meta last: its presence means every shard is written
+    nlohmann::json j{{"step", step_},
+                     {"data_position", sampler_.position()},
+                     {"tp", config_.mesh.tp},
+                     {"model", config_.model.describe()},
+                     {"seq_len", config_.seq_len},
+                     {"batch", config_.batch},
+                     {"dtype", dtype_name(config_.dtype)},
+                     {"seed", config_.seed},
+                     {"layout", config_.describe()}};
+    const std::string meta = (fs::path(dir) / kMetaFile).string();
+    std::ofstream(meta + ".tmp") << j.dump(2) << "\n";
+    fs::rename(meta + ".tmp", meta);
+  }
+  barrier(groups_.world);
+}
+
+void Trainer::load_checkpoint(const CheckpointMeta& meta) {
+  const std::string file = shard_file(config_.checkpoint_dir, groups_.tp_rank, config_.mesh.tp);
+  torch::serialize::InputArchive archive;
+  archive.load_from(file);
+  at::Tensor step, position;
+  archive.read("step", step);
+  archive.read("data_position", position);
+  MLACP_REQUIRE(step.item<int64_t>() == meta.step && position.item<int64_t>() == meta.data_position, kWhat,
+                "checkpoint shard and meta.json disagree (an interrupted save)",
+                {got("file", file), got("shard.step", step.item<int64_t>()), got("meta.step", meta.step)},
+                "resume from an earlier complete checkpoint");
+  torch::serialize::InputArchive model_archive, optimizer_archive;
+  archive.read("model", model_archive);
+  archive.read("optimizer", optimizer_archive);
+  for (auto& item : model_->named_parameters()) {  // shapes must match before load's set_()
+    at::Tensor saved;
+    model_archive.read(item.key(), saved);
+    MLACP_REQUIRE(saved.sizes() == item.value().sizes() && saved.scalar_type() == item.value().scalar_type(), kWhat,
+                  "checkpoint parameter does not fit the model",
+                  {got("parameter", item.key()), got("saved", shape_text(saved)), got("model", shape_text(item.value()))},
+                  "resume with the model and tp of the run that wrote it");
+  }
+  model_->load(model_archive);
+  optimizer_->load(optimizer_archive);
+  step_ = meta.step;
+  sampler_.set_position(meta.data_position);
+}
+
+}  // namespace mlacp::train

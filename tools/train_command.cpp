@@ -1,0 +1,529 @@
+// `mlacp train` (see train_command.h). Three roles:
+//   rank      launched (torchrun variables set): build the groups, train, rank 0 writes the log,
+//             the plot and the summary;
+//   launcher  otherwise: validate everything once, start --nproc local ranks, draw the progress
+//             bar from the log rank 0 writes (it tails an internal copy of it);
+//   compare   --compare: launcher twice (the parallel layout, then 1 rank without CP), then
+//             compare the two loss curves and plot them.
+#include "train_command.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/format.h"
+#include "launcher.h"
+#include "mlacp/errors.h"
+#include "mlacp/runtime.h"
+#include "table.h"
+#include "train/trainer.h"
+
+namespace mlacp::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using train::StepRecord;
+constexpr const char* kWhat = "train";
+constexpr const char* kProgressLogOption = "--progress-log";  // internal: the launcher's copy of the log
+
+// ---- configuration ---------------------------------------------------------------------------
+
+train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
+  train::TrainConfig c;
+  c.model = a.config_path.empty() ? train::decoder_preset(a.preset) : train::load_decoder_config(a.config_path);
+  if (a.layers) c.model.num_layers = *a.layers;
+  c.mesh.dp = a.dp;
+  c.mesh.tp = a.tp;
+  c.mesh.cp = a.cp.value_or(std::max<int64_t>(1, world_size / std::max<int64_t>(1, a.dp * a.tp)));
+  c.mesh.ulysses = a.ulysses;
+  c.strategy = parse_strategy(a.strategy);
+  c.partition = parse_partition(a.partition);
+  c.overlap = a.overlap;
+  c.dtype = parse_dtype(a.dtype);
+  c.seq_len = a.seq;
+  c.batch = a.batch;
+  c.steps = a.steps;
+  c.seed = static_cast<uint64_t>(a.seed);
+  c.optimizer.lr = a.lr;
+  c.optimizer.weight_decay = a.weight_decay;
+  c.optimizer.grad_clip = a.clip;
+  c.optimizer.warmup_steps = a.warmup;
+  c.corpus_path = a.corpus;
+  c.checkpoint_dir = a.checkpoint;
+  c.checkpoint_every = a.checkpoint_every;
+  c.resume = a.resume;
+  return c;
+}
+
+std::string layout_label(const train::TrainConfig& c) {
+  std::ostringstream out;
+  if (c.mesh.cp == 1 && c.mesh.tp == 1 && c.mesh.dp == 1) {
+    out << "single process";
+  } else {
+    out << "dp=" << c.mesh.dp << " cp=" << c.mesh.cp << " tp=" << c.mesh.tp;
+    if (c.mesh.cp > 1) out << " U=" << (c.mesh.ulysses == 0 ? c.mesh.cp : c.mesh.ulysses) << " " << strategy_name(c.strategy);
+  }
+  out << ", " << dtype_name(c.dtype);
+  return out.str();
+}
+
+// ---- plots -----------------------------------------------------------------------------------
+
+std::string find_gnuplot() {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / "gnuplot";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+void require_gnuplot() {
+  MLACP_REQUIRE(!find_gnuplot().empty(), kWhat, "--plot needs gnuplot on the PATH", {got("PATH", std::getenv("PATH") ? std::getenv("PATH") : "")},
+                "apt-get install gnuplot-nox (scripts/setup.sh does), or drop --plot");
+}
+
+std::string quoted(const std::string& s) {  // a gnuplot / shell single-quoted string
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+struct Curve {
+  std::string title;
+  std::vector<StepRecord> records;
+};
+
+// Loss against step, one line per curve, written by gnuplot to `png`.
+void write_loss_plot(const std::string& png, const std::string& title, const std::vector<Curve>& curves) {
+  require_gnuplot();
+  const fs::path work = fs::temp_directory_path() / ("mlacp-plot-" + std::to_string(getpid()));
+  fs::create_directories(work);
+  std::ostringstream script;
+  script << "set terminal pngcairo size 960,560 font ',11'\nset output " << quoted(png) << "\n"
+         << "set title " << quoted(title) << " noenhanced\nset xlabel 'step'\nset ylabel 'loss (nats per token)'\n"
+         << "set grid\nset key top right noenhanced\nplot ";
+  for (size_t i = 0; i < curves.size(); ++i) {
+    const fs::path data = work / ("curve" + std::to_string(i) + ".dat");
+    std::ofstream out(data);
+    out << std::setprecision(17);
+    for (const auto& r : curves[i].records) out << r.step << " " << r.loss << "\n";
+    script << (i ? ", " : "") << quoted(data.string()) << " using 1:2 with lines lw " << (i == 0 ? 3 : 2)
+           << (i == 0 ? "" : " dt 2") << " title " << quoted(curves[i].title);
+  }
+  script << "\n";
+  const fs::path script_path = work / "plot.gp";
+  std::ofstream(script_path) << script.str();
+  const std::string command = quoted(find_gnuplot()) + " " + quoted(script_path.string()) + " 2>&1";
+  std::string output;
+  int status = -1;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, pipe)) output += buf;
+    status = pclose(pipe);
+  }
+  fs::remove_all(work);
+  MLACP_REQUIRE(status == 0, kWhat, "gnuplot failed to write the plot",
+                {got("png", png), got("status", status), got("output", output.substr(0, 300))},
+                "check that the plot's folder exists and is writable");
+}
+
+// ---- progress --------------------------------------------------------------------------------
+
+std::string clock_text(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, std::round(seconds)));
+  std::ostringstream out;
+  out << s / 60 << ":" << std::setw(2) << std::setfill('0') << s % 60;
+  return out.str();
+}
+
+std::string rate_text(double tokens_per_second) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (tokens_per_second >= 1e3) out << tokens_per_second / 1e3 << "k"; else out << tokens_per_second;
+  return out.str();
+}
+
+// Mean tokens/s over a run, leaving out the first step (start-up) when there are others.
+double mean_tokens_per_second(const std::vector<StepRecord>& records) {
+  double tokens = 0.0, seconds = 0.0;
+  for (size_t i = records.size() > 1 ? 1 : 0; i < records.size(); ++i) {
+    tokens += static_cast<double>(records[i].tokens);
+    seconds += records[i].step_seconds;
+  }
+  return seconds > 0.0 ? tokens / seconds : 0.0;
+}
+
+// A progress bar on stderr: redrawn in place on a terminal, else one line per tenth of the run.
+class Progress {
+ public:
+  Progress(std::string label, int64_t total_steps)
+      : label_(std::move(label)), total_(std::max<int64_t>(1, total_steps)), tty_(isatty(STDERR_FILENO) == 1) {}
+
+  void update(const StepRecord& r) {
+    if (first_step_ < 0) first_step_ = r.step;
+    if (r.step > first_step_) {
+      timed_seconds_ += r.step_seconds;
+      ++timed_steps_;
+    }
+    const double per_step = timed_steps_ > 0 ? timed_seconds_ / timed_steps_ : r.step_seconds;
+    const int64_t width = 24, filled = std::min<int64_t>(width, width * r.step / total_);
+    std::ostringstream line;
+    line << "train " << label_ << " [" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
+         << r.step << "/" << total_ << "  loss " << std::fixed << std::setprecision(4) << r.loss << "  "
+         << rate_text(r.tokens_per_second) << " tok/s  ETA " << clock_text(per_step * (total_ - r.step));
+    const int64_t tenth = 10 * r.step / total_;
+    if (tty_) {
+      std::cerr << "\r\033[K" << line.str() << std::flush;
+      drawn_ = true;
+    } else if (tenth != last_tenth_ || r.step == total_) {
+      std::cerr << line.str() << "\n" << std::flush;
+      last_tenth_ = tenth;
+    }
+  }
+  void finish() {
+    if (tty_ && drawn_) std::cerr << "\n" << std::flush;
+    drawn_ = false;
+  }
+
+ private:
+  std::string label_;
+  int64_t total_;
+  bool tty_;
+  bool drawn_ = false;
+  int64_t first_step_ = -1, last_tenth_ = -1, timed_steps_ = 0;
+  double timed_seconds_ = 0.0;
+};
+
+// Follows a JSONL log while the ranks write it, feeding each new record to a Progress.
+class LogFollower {
+ public:
+  LogFollower(std::string path, Progress& progress) : path_(std::move(path)), progress_(progress) {
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      poll();
+      progress_.finish();
+    });
+  }
+  ~LogFollower() { stop(); }
+  void stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void poll() {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in.good()) return;
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    if (size < offset_) offset_ = 0;  // rewritten
+    in.seekg(offset_);
+    std::string chunk(static_cast<size_t>(size - offset_), '\0');
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const size_t last_newline = chunk.rfind('\n');
+    if (last_newline == std::string::npos) return;
+    offset_ += static_cast<std::streamoff>(last_newline + 1);
+    std::istringstream lines(chunk.substr(0, last_newline + 1));
+    for (std::string line; std::getline(lines, line);) {
+      try {
+        progress_.update(StepRecord::from_json(line));
+      } catch (const Error&) {
+      }
+    }
+  }
+  std::string path_;
+  Progress& progress_;
+  std::streamoff offset_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// ---- logs ------------------------------------------------------------------------------------
+
+// Opens a log for appending step records: truncated for a fresh run; for a resumed run the
+// records up to the resumed step are kept (so the file stays one continuous curve).
+std::ofstream open_log(const std::string& path, int64_t resumed_step) {
+  std::vector<StepRecord> kept;
+  if (resumed_step > 0 && fs::exists(path)) {
+    for (const auto& r : train::read_step_log(path))
+      if (r.step <= resumed_step) kept.push_back(r);
+  }
+  std::ofstream out(path, std::ios::trunc);
+  MLACP_REQUIRE(out.good(), kWhat, "cannot write the log file", {got("log", path)}, "choose a writable path");
+  for (const auto& r : kept) out << r.to_json() << "\n";
+  out.flush();
+  return out;
+}
+
+// ---- rank ------------------------------------------------------------------------------------
+
+// Everything a rank can check alone, before the first collective (same result on every rank).
+train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size) {
+  MLACP_REQUIRE(!args.compare, kWhat, "--compare starts its own local launches and cannot run under torchrun",
+                {got("compare", true)}, "run mlacp train --compare without torchrun");
+  train::PreparedTraining prepared = train::prepare_training(build_config(args, world_size), world_size);
+  if (!args.plot.empty()) require_gnuplot();
+  if (!args.reference.empty()) train::read_step_log(args.reference);
+  return prepared;
+}
+
+int run_as_rank(const CommonArgs& common, const TrainArgs& args, const std::string& progress_log) {
+  apply_threads(common);
+  const WorldInfo world = world_from_env();
+  train::PreparedTraining prepared = prepare_rank(args, world.size);
+  const train::TrainConfig config = prepared.config;
+  const bool lead = world.rank == 0;
+  const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
+
+  GroupOptions options;
+  options.timeout = std::chrono::seconds(args.timeout_s);
+  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  ParallelGroups groups = rendezvous.groups(config.mesh, options);
+  if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
+  train::Trainer trainer(std::move(prepared), groups);
+
+  std::ofstream log, copy;
+  std::unique_ptr<Progress> progress;
+  std::vector<StepRecord> records;
+  if (lead) {
+    if (!args.log.empty()) log = open_log(args.log, resumed);
+    if (!progress_log.empty()) copy = open_log(progress_log, resumed);
+    if (std::getenv("MLACP_LAUNCHED") == nullptr) progress = std::make_unique<Progress>(layout_label(config), config.steps);
+    if (resumed > 0) std::cerr << "train: resumed from " << config.checkpoint_dir << " at step " << resumed << "\n";
+  }
+  while (!trainer.done()) {
+    const StepRecord r = trainer.step();
+    if (!lead) continue;
+    records.push_back(r);
+    for (std::ofstream* out : {&log, &copy})
+      if (out->is_open()) *out << r.to_json() << "\n" << std::flush;
+    if (progress) progress->update(r);
+  }
+  if (!lead) return 0;
+  if (progress) progress->finish();
+
+  std::vector<StepRecord> curve = args.log.empty() ? records : train::read_step_log(args.log);
+  std::ostringstream summary;
+  if (!records.empty()) {
+    summary << "train: " << records.size() << " steps (" << records.front().step << "-" << records.back().step
+            << ") in " << fixed(records.back().elapsed_seconds, 1) << " s; loss " << fixed(curve.front().loss, 4)
+            << " -> " << fixed(records.back().loss, 4) << "; " << rate_text(mean_tokens_per_second(records))
+            << " tokens/s (" << layout_label(config) << ")\n";
+  }
+  if (!args.log.empty()) summary << "train: log " << args.log << "\n";
+  if (!config.checkpoint_dir.empty()) summary << "train: checkpoint " << config.checkpoint_dir << " (step " << trainer.current_step() << ")\n";
+  std::vector<Curve> curves{{layout_label(config), curve}};
+  if (!args.reference.empty()) {
+    Curve reference{"reference " + fs::path(args.reference).filename().string(), train::read_step_log(args.reference)};
+    int64_t common_steps = 0;
+    const double diff = train::max_relative_loss_difference(curve, reference.records, &common_steps);
+    summary << "train: against " << args.reference << ": max relative loss difference " << sci(diff) << " over "
+            << common_steps << " common steps\n";
+    curves.push_back(std::move(reference));
+  }
+  if (!args.plot.empty()) {
+    write_loss_plot(args.plot, "mlacp train: " + config.model.describe(), curves);
+    summary << "train: plot " << args.plot << "\n";
+  }
+  std::cout << summary.str() << std::flush;
+  return 0;
+}
+
+// ---- launcher --------------------------------------------------------------------------------
+
+// This command line without the launcher's options and the ones in `drop` (each with its value),
+// for the ranks; `extra` appended.
+std::vector<std::string> rank_arguments(const CommonArgs& common, const std::set<std::string>& drop_with_value,
+                                        const std::set<std::string>& drop_flags, const std::vector<std::string>& extra) {
+  std::vector<std::string> out;
+  for (size_t i = 1; i < common.argv.size(); ++i) {
+    const std::string& a = common.argv[i];
+    const std::string name = a.substr(0, a.find('='));
+    if (drop_flags.count(name)) continue;
+    if (drop_with_value.count(name)) {
+      if (name == a) ++i;  // "--opt value"; "--opt=value" is one word
+      continue;
+    }
+    out.push_back(a);
+  }
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
+std::string temp_log_path(const std::string& tag) {
+  return (fs::temp_directory_path() / ("mlacp-train-" + std::to_string(getpid()) + "-" + tag + ".jsonl")).string();
+}
+
+// Launches `nproc` local ranks with `args` while drawing the progress bar from `follow_log`.
+int launch_with_progress(int nproc, const std::vector<std::string>& args, const std::string& follow_log,
+                         const std::string& label, int64_t total_steps) {
+  Progress progress(label, total_steps);
+  LogFollower follower(follow_log, progress);
+  LaunchOptions options;
+  options.nproc = nproc;
+  const int status = launch_local(options, args);
+  follower.stop();
+  return status;
+}
+
+int run_launcher(const CommonArgs& common, const TrainArgs& args) {
+  const train::PreparedTraining prepared = prepare_rank(args, args.nproc);  // errors once, before any launch
+  const std::string follow = temp_log_path("progress");
+  fs::remove(follow);
+  if (prepared.resume_from) {  // the ranks keep the records up to the resumed step
+    if (!args.log.empty() && fs::exists(args.log)) fs::copy_file(args.log, follow, fs::copy_options::overwrite_existing);
+  }
+  const std::vector<std::string> rank_args =
+      rank_arguments(common, {"--nproc", kProgressLogOption}, {}, {kProgressLogOption, follow});
+  const int status =
+      launch_with_progress(args.nproc, rank_args, follow, layout_label(prepared.config), prepared.config.steps);
+  fs::remove(follow);
+  return status;
+}
+
+// ---- compare ---------------------------------------------------------------------------------
+
+int run_compare(const CommonArgs& common, const TrainArgs& args) {
+  MLACP_REQUIRE(args.checkpoint.empty() && !args.resume, kWhat, "--compare runs fresh trainings without checkpoints",
+                {got("checkpoint", args.checkpoint), got("resume", args.resume)}, "drop --checkpoint/--resume");
+  TrainArgs single = args;
+  single.dp = single.tp = 1;
+  single.cp = 1;
+  single.ulysses = 0;
+  single.plot.clear();
+  single.reference.clear();
+  TrainArgs parallel = single;
+  parallel.dp = args.dp;
+  parallel.tp = args.tp;
+  parallel.cp = args.cp;
+  parallel.ulysses = args.ulysses;
+  parallel.compare = single.compare = false;
+  const train::PreparedTraining p = prepare_rank(parallel, args.nproc);
+  const train::PreparedTraining s = prepare_rank(single, 1);
+  if (!args.reference.empty()) train::read_step_log(args.reference);
+  fs::create_directories(args.out_dir);
+  const std::string parallel_log = (fs::path(args.out_dir) / "train-parallel.jsonl").string();
+  const std::string single_log = (fs::path(args.out_dir) / "train-single.jsonl").string();
+  const std::string plot = args.plot.empty() ? (fs::path(args.out_dir) / "loss.png").string() : args.plot;
+  require_gnuplot();
+  const std::set<std::string> drop = {"--nproc", "--cp", "--dp", "--tp", "--ulysses", "--log",
+                                      "--plot",  "--reference", "--out", kProgressLogOption};
+  std::cerr << "train --compare: " << p.config.describe() << "\n";
+  struct Run {
+    std::string name;
+    int nproc;
+    const train::TrainConfig* config;
+    std::string log;
+    std::vector<std::string> layout;
+  };
+  const Run runs[] = {
+      {"parallel", args.nproc, &p.config, parallel_log,
+       {"--dp", std::to_string(p.config.mesh.dp), "--cp", std::to_string(p.config.mesh.cp), "--tp",
+        std::to_string(p.config.mesh.tp), "--ulysses", std::to_string(p.config.mesh.ulysses)}},
+      {"single", 1, &s.config, single_log, {"--dp", "1", "--cp", "1", "--tp", "1", "--ulysses", "0"}}};
+  for (const Run& run : runs) {
+    fs::remove(run.log);
+    std::vector<std::string> extra = run.layout;
+    extra.insert(extra.end(), {"--log", run.log});
+    const int status = launch_with_progress(run.nproc, rank_arguments(common, drop, {"--compare"}, extra), run.log,
+                                            layout_label(*run.config) + " (" + std::to_string(run.nproc) + " rank" +
+                                                (run.nproc > 1 ? "s" : "") + ")",
+                                            run.config->steps);
+    if (status != 0) return status;
+  }
+  const std::vector<StepRecord> a = train::read_step_log(parallel_log), b = train::read_step_log(single_log);
+  int64_t common_steps = 0;
+  const double diff = train::max_relative_loss_difference(a, b, &common_steps);
+  const double tolerance = train::loss_agreement_tolerance(p.config.dtype);
+  const bool agree = diff <= tolerance && common_steps == p.config.steps;
+  std::vector<Curve> curves{{layout_label(p.config) + " (" + std::to_string(args.nproc) + " ranks)", a},
+                            {"single process (1 rank)", b}};
+  if (!args.reference.empty()) curves.push_back({"reference", train::read_step_log(args.reference)});
+  write_loss_plot(plot, "mlacp train --compare: " + p.config.model.describe(), curves);
+
+  Table table({"run", "ranks", "final loss", "tokens/s", "time s"});
+  const std::pair<const Run*, const std::vector<StepRecord>*> rows[] = {{&runs[0], &a}, {&runs[1], &b}};
+  for (const auto& [run, records] : rows) {
+    table.add({layout_label(*run->config), std::to_string(run->nproc), fixed(records->back().loss, 6),
+               fixed(mean_tokens_per_second(*records), 0), fixed(records->back().elapsed_seconds, 1)});
+  }
+  table.print(std::cout);
+  std::cout << "loss curves: max relative difference " << sci(diff) << " over " << common_steps << " steps (tolerance "
+            << sci(tolerance) << " for " << dtype_name(p.config.dtype) << "): " << (agree ? "agree" : "DISAGREE")
+            << "\n"
+            << "tokens/s: parallel / single = " << fixed(mean_tokens_per_second(a) / mean_tokens_per_second(b), 2)
+            << " (" << args.nproc << " ranks share this machine's " << std::thread::hardware_concurrency()
+            << " cores)\n"
+            << "logs: " << parallel_log << " " << single_log << "\nplot: " << plot << "\n";
+  return agree ? 0 : 1;
+}
+
+}  // namespace
+
+// ---- command ---------------------------------------------------------------------------------
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
+  CLI::App* cmd = app.add_subcommand("train", "train a small MLA decoder on the shipped corpus with context parallelism");
+  auto* layout = cmd->add_option_group("layout", "ranks and parallel degrees (world = dp x cp x tp)");
+  layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64));
+  layout->add_option("--cp", args.cp, "context-parallel degree P (default: world / (dp*tp))");
+  layout->add_option("--dp", args.dp, "data-parallel degree");
+  layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)");
+  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P)");
+  layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head");
+  layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)");
+  layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
+  auto* model = cmd->add_option_group("model and data");
+  model->add_option("--preset", args.preset, "decoder preset: small | test");
+  model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset");
+  model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)");
+  model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)");
+  auto* run = cmd->add_option_group("run");
+  run->add_option("--dtype", args.dtype, "float64 | float32 | bfloat16 (float32 parameters, bf16 autocast)");
+  run->add_option("--steps", args.steps, "last training step");
+  run->add_option("--seq", args.seq, "packed sequence length S (global, split over CP)");
+  run->add_option("--batch", args.batch, "packed sequences per step (global, split over DP)");
+  run->add_option("--lr", args.lr, "peak learning rate (AdamW)");
+  run->add_option("--warmup", args.warmup, "linear learning-rate warmup steps");
+  run->add_option("--weight-decay", args.weight_decay, "AdamW weight decay on matrices");
+  run->add_option("--clip", args.clip, "max global gradient norm (0: off)");
+  run->add_option("--seed", args.seed, "seed of parameters and data order");
+  run->add_option("--checkpoint", args.checkpoint, "checkpoint folder (written after the last step)");
+  run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps");
+  run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint");
+  run->add_option("--timeout", args.timeout_s, "collective timeout in seconds")->check(CLI::Range(1, 3600));
+  auto* out = cmd->add_option_group("output");
+  out->add_option("--log", args.log, "write one JSON line per step (step, loss, tokens_per_s, grad_norm, time_s)");
+  out->add_option("--plot", args.plot, "write the loss curve(s) as PNG (gnuplot)");
+  out->add_option("--reference", args.reference, "a reference run's JSONL log: overlaid on the plot and compared");
+  out->add_flag("--compare", args.compare,
+                "train with the layout (default 4 ranks, cp=4), then on 1 rank without CP; compare the loss curves");
+  out->add_option("--out", args.out_dir, "--compare: folder for both logs and the default plot");
+  // Internal: the launcher's copy of the log, which it follows for the progress bar.
+  cmd->add_option(kProgressLogOption, args.progress_log, "")->group("");
+  return cmd;
+}
+
+int run_train(const CommonArgs& common, const TrainArgs& args) {
+  if (launched_as_rank()) return run_as_rank(common, args, args.progress_log);
+  if (args.compare) return run_compare(common, args);
+  return run_launcher(common, args);
+}
+
+}  // namespace mlacp::tools
