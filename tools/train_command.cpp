@@ -283,42 +283,10 @@ train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size) 
   return prepared;
 }
 
-int run_as_rank(const CommonArgs& common, const TrainArgs& args, const std::string& progress_log) {
-  apply_threads(common);
-  const WorldInfo world = world_from_env();
-  train::PreparedTraining prepared = prepare_rank(args, world.size);
-  const train::TrainConfig config = prepared.config;
-  const bool lead = world.rank == 0;
-  const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
-
-  GroupOptions options;
-  options.timeout = std::chrono::seconds(args.timeout_s);
-  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
-  ParallelGroups groups = rendezvous.groups(config.mesh, options);
-  if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
-  train::Trainer trainer(std::move(prepared), groups);
-
-  std::ofstream log, copy;
-  std::unique_ptr<Progress> progress;
-  std::vector<StepRecord> records;
-  if (lead) {
-    if (!args.log.empty()) log = open_log(args.log, resumed);
-    if (!progress_log.empty()) copy = open_log(progress_log, resumed);
-    if (std::getenv("MLACP_LAUNCHED") == nullptr) progress = std::make_unique<Progress>(layout_label(config), config.steps);
-    if (resumed > 0) std::cerr << "train: resumed from " << config.checkpoint_dir << " at step " << resumed << "\n";
-  }
-  while (!trainer.done()) {
-    const StepRecord r = trainer.step();
-    if (!lead) continue;
-    records.push_back(r);
-    for (std::ofstream* out : {&log, &copy})
-      if (out->is_open()) *out << r.to_json() << "\n" << std::flush;
-    if (progress) progress->update(r);
-  }
-  if (!lead) return 0;
-  if (progress) progress->finish();
-
-  std::vector<StepRecord> curve = args.log.empty() ? records : train::read_step_log(args.log);
+// The end-of-run report: summary, the reference comparison and the plot. `curve` is the whole
+// log (with a resumed run's earlier steps), `records` the steps this run made.
+void report_run(const TrainArgs& args, const train::TrainConfig& config, const std::vector<StepRecord>& records,
+                const std::vector<StepRecord>& curve) {
   std::ostringstream summary;
   if (!records.empty()) {
     summary << "train: " << records.size() << " steps (" << records.front().step << "-" << records.back().step
@@ -327,7 +295,8 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args, const std::stri
             << " tokens/s (" << layout_label(config) << ")\n";
   }
   if (!args.log.empty()) summary << "train: log " << args.log << "\n";
-  if (!config.checkpoint_dir.empty()) summary << "train: checkpoint " << config.checkpoint_dir << " (step " << trainer.current_step() << ")\n";
+  if (!config.checkpoint_dir.empty() && !records.empty())
+    summary << "train: checkpoint " << config.checkpoint_dir << " (step " << records.back().step << ")\n";
   std::vector<Curve> curves{{layout_label(config), curve}};
   if (!args.reference.empty()) {
     Curve reference{"reference " + fs::path(args.reference).filename().string(), train::read_step_log(args.reference)};
@@ -342,6 +311,47 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args, const std::stri
     summary << "train: plot " << args.plot << "\n";
   }
   std::cout << summary.str() << std::flush;
+}
+
+// One rank of a launch. Rank 0 writes --log and, when started by this command's own launcher,
+// the launcher's copy (--progress-log): then the launcher draws the progress bar and reports;
+// otherwise (torchrun) rank 0 does both itself.
+int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
+  apply_threads(common);
+  const WorldInfo world = world_from_env();
+  train::PreparedTraining prepared = prepare_rank(args, world.size);
+  const train::TrainConfig config = prepared.config;
+  const bool lead = world.rank == 0;
+  const bool own_report = args.progress_log.empty();
+  const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
+
+  GroupOptions options;
+  options.timeout = std::chrono::seconds(args.timeout_s);
+  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  ParallelGroups groups = rendezvous.groups(config.mesh, options);
+  if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
+  train::Trainer trainer(std::move(prepared), groups);
+
+  std::ofstream log, copy;
+  std::unique_ptr<Progress> progress;
+  std::vector<StepRecord> records;
+  if (lead) {
+    if (!args.log.empty()) log = open_log(args.log, resumed);
+    if (!args.progress_log.empty()) copy = open_log(args.progress_log, resumed);
+    if (own_report) progress = std::make_unique<Progress>(layout_label(config), config.steps);
+    if (resumed > 0) std::cerr << "train: resumed from " << config.checkpoint_dir << " at step " << resumed << "\n";
+  }
+  while (!trainer.done()) {
+    const StepRecord r = trainer.step();
+    if (!lead) continue;
+    records.push_back(r);
+    for (std::ofstream* out : {&log, &copy})
+      if (out->is_open()) *out << r.to_json() << "\n" << std::flush;
+    if (progress) progress->update(r);
+  }
+  if (!lead || !own_report) return 0;
+  if (progress) progress->finish();
+  report_run(args, config, records, args.log.empty() ? records : train::read_step_log(args.log));
   return 0;
 }
 
@@ -384,15 +394,23 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
 
 int run_launcher(const CommonArgs& common, const TrainArgs& args) {
   const train::PreparedTraining prepared = prepare_rank(args, args.nproc);  // errors once, before any launch
+  const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
   fs::remove(follow);
-  if (prepared.resume_from) {  // the ranks keep the records up to the resumed step
-    if (!args.log.empty() && fs::exists(args.log)) fs::copy_file(args.log, follow, fs::copy_options::overwrite_existing);
-  }
+  if (resumed > 0 && !args.log.empty() && fs::exists(args.log))  // rank 0 keeps its records up to `resumed`
+    fs::copy_file(args.log, follow, fs::copy_options::overwrite_existing);
   const std::vector<std::string> rank_args =
       rank_arguments(common, {"--nproc", kProgressLogOption}, {}, {kProgressLogOption, follow});
   const int status =
       launch_with_progress(args.nproc, rank_args, follow, layout_label(prepared.config), prepared.config.steps);
+  if (status == 0) {
+    const std::vector<StepRecord> curve = train::read_step_log(follow);
+    std::vector<StepRecord> records;
+    for (const auto& r : curve)
+      if (r.step > resumed) records.push_back(r);
+    fs::remove(follow);
+    report_run(args, prepared.config, records, curve);
+  }
   fs::remove(follow);
   return status;
 }
@@ -440,7 +458,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   for (const Run& run : runs) {
     fs::remove(run.log);
     std::vector<std::string> extra = run.layout;
-    extra.insert(extra.end(), {"--log", run.log});
+    extra.insert(extra.end(), {kProgressLogOption, run.log});  // rank 0 writes it; this process reports
     const int status = launch_with_progress(run.nproc, rank_arguments(common, drop, {"--compare"}, extra), run.log,
                                             layout_label(*run.config) + " (" + std::to_string(run.nproc) + " rank" +
                                                 (run.nproc > 1 ? "s" : "") + ")",
@@ -521,7 +539,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
 }
 
 int run_train(const CommonArgs& common, const TrainArgs& args) {
-  if (launched_as_rank()) return run_as_rank(common, args, args.progress_log);
+  if (launched_as_rank()) return run_as_rank(common, args);
   if (args.compare) return run_compare(common, args);
   return run_launcher(common, args);
 }

@@ -259,12 +259,15 @@ ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const Local
   return {waited[0], waited[1], waited[2], {}};
 }
 
-at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& attention, const at::Tensor& hidden,
-                             const at::Tensor& gate_in) {
-  MlaAttentionImpl& m = ctx.module;
-  const MlaConfig& c = m.config();
+
+struct OutputExchange {
+  ExchangeSlot d_out{"o"};
+  at::Tensor returned_grad;  // what OutputLinear handed to the restore node
+};
+
+RestoredOutput overlapped_restore(const ScheduleContext& ctx, const at::Tensor& attention) {
+  const MlaConfig& c = ctx.module.config();
   const CommGroup& ulysses = ctx.groups.ulysses;
-  Timeline* tl = timeline_of(ctx);
   const int64_t batch = attention.size(0), local_len = attention.size(1) / ulysses.size();
   const int64_t width = ctx.plan.local_heads() * c.v_head_dim;
   at::Tensor restored_data;
@@ -277,11 +280,7 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& atten
                   "this is an internal error: report it with the plan");
     restored_data = restored_data.reshape({batch, local_len, width});
   }
-  struct OutputState {
-    ExchangeSlot d_out{"o"};
-    at::Tensor returned_grad;  // what OutputLinear handed to the restore node
-  };
-  auto state = std::make_shared<OutputState>();
+  auto state = std::make_shared<OutputExchange>();
   const std::vector<int64_t> attention_shape = attention.sizes().vec();
   at::Tensor restored = attach_backward({attention}, {restored_data}, "RestoreOutput",
                                         [state, attention_shape](std::vector<at::Tensor> g) {
@@ -292,6 +291,17 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& atten
     state->returned_grad = at::Tensor();
     return std::vector<at::Tensor>{state->d_out.wait_backward("RestoreOutput").view(attention_shape)};
   })[0];
+  return {restored, state};
+}
+
+at::Tensor overlapped_projection(const ScheduleContext& ctx, const RestoredOutput& restored_output,
+                                 const at::Tensor& hidden, const at::Tensor& gate_in) {
+  MlaAttentionImpl& m = ctx.module;
+  const MlaConfig& c = m.config();
+  const CommGroup& ulysses = ctx.groups.ulysses;
+  Timeline* tl = timeline_of(ctx);
+  const at::Tensor& restored = restored_output.restored;
+  const std::shared_ptr<OutputExchange>& state = restored_output.exchange;
 
   at::Tensor gate = gate_in;
   if (c.output_gate && !gate.defined()) {

@@ -41,8 +41,20 @@ ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const Local
                                          const at::Tensor& rope_positions, const at::Tensor& key_rope);
 // Output (U > 1): restore head->seq, gate, o_proj.
 //   backward: o_proj dgrad | launch dO | gate grad, wgrad | restore waits dO
-// o_proj must be the only consumer of the restored output; a second one is an error in backward.
-at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& attention, const at::Tensor& hidden,
-                             const at::Tensor& gate);
+// The restore and the projection share a state record: the projection launches dO, the restore
+// waits it. o_proj must be the only consumer of the restored output; a second one is an error
+// in backward (its gradient would otherwise be lost silently).
+struct OutputExchange;
+struct RestoredOutput {
+  at::Tensor restored;  // [B, S_l, H*Dv]
+  std::shared_ptr<OutputExchange> exchange;
+};
+RestoredOutput overlapped_restore(const ScheduleContext& ctx, const at::Tensor& attention);
+at::Tensor overlapped_projection(const ScheduleContext& ctx, const RestoredOutput& restored, const at::Tensor& hidden,
+                                 const at::Tensor& gate);
+inline at::Tensor overlapped_output(const ScheduleContext& ctx, const at::Tensor& attention, const at::Tensor& hidden,
+                                    const at::Tensor& gate) {
+  return overlapped_projection(ctx, overlapped_restore(ctx, attention), hidden, gate);
+}
 
 }  // namespace mlacp
