@@ -48,6 +48,23 @@ struct VerifyArgs {
 CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args);
 int run_verify(const CommonArgs& common, const VerifyArgs& args);
 
+struct BenchArgs {
+  int nproc = 2;
+  std::vector<std::string> strategies;
+  int64_t ulysses = 0;
+  int64_t seq = 2048, batch = 1, hidden = 512, heads = 8, q_rank = 128, kv_rank = 128;
+  int64_t nope = 32, rope = 16, value = 32;
+  bool gate = false;
+  std::string dtype = "float32";
+  int steps = 5, warmup = 1;
+  double bandwidth_gbps = 0.0, latency_us = 0.0;
+  bool auto_link = false;
+  std::string json_path, trace_dir;
+  int timeout_s = 120;
+};
+CLI::App* add_bench_command(CLI::App& app, BenchArgs& args);
+int run_bench(const CommonArgs& common, const BenchArgs& args);
+
 // Applies --threads (0 = cores / local ranks) to LibTorch's intra-op pool.
 void apply_threads(const CommonArgs& common);
 // True when this process is one rank of a launch (torchrun's RANK or mlacp's launcher).

@@ -53,12 +53,15 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   InfoArgs info;
   VerifyArgs verify;
+  BenchArgs bench;
   CLI::App* info_cmd = add_info_command(app, info);
   CLI::App* verify_cmd = add_verify_command(app, verify);
+  CLI::App* bench_cmd = add_bench_command(app, bench);
   CLI11_PARSE(app, argc, argv);
   try {
     if (info_cmd->parsed()) return run_info(common, info);
     if (verify_cmd->parsed()) return run_verify(common, verify);
+    if (bench_cmd->parsed()) return run_bench(common, bench);
   } catch (const mlacp::Error& e) {
     std::cerr << e.what() << "\n";
     return 2;
