@@ -39,7 +39,7 @@ struct StepStats {
 
 // Collectives whose launch the schedule places before computation (SPEC §5), by label.
 std::set<std::string> overlapped_labels(CpStrategy strategy, bool gate, int64_t all_gather) {
-  if (strategy == CpStrategy::latent_kv_head) return {"latent", "q", "dO", "dlatent"};
+  if (strategy == CpStrategy::latent_kv_head) return {"latent", "q", "dO", "dq", "dlatent"};
   if (all_gather > 1) return {"kv"};
   std::set<std::string> labels{"v", "k", "dO", "dk", "dv"};
   if (gate) labels.insert({"q", "dq"});
@@ -106,6 +106,12 @@ double sum(const std::map<std::string, double>& m, const std::set<std::string>* 
   for (const auto& [k, v] : m)
     if (!only || only->count(k)) total += v;
   return total;
+}
+
+json per_label_ms(const std::map<std::string, double>& us) {
+  json out = json::object();
+  for (const auto& [label, value] : us) out[label] = value / 1000.0;
+  return out;
 }
 
 }  // namespace
@@ -253,7 +259,11 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                       {"bytes_all_gather", m.bytes_by_kind[CollectiveKind::all_gather]},
                       {"bytes_reduce_scatter", m.bytes_by_kind[CollectiveKind::reduce_scatter]},
                       {"formula_bytes", formula_kb * 1024.0}, {"comm_ms", comm_ms}, {"exposed_ms", exposed_ms},
-                      {"exposed_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0}});
+                      {"exposed_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},
+                      {"rank0_wait_ms_by_label", per_label_ms(m.wait_us)},
+                      {"rank0_transfer_ms_by_label", per_label_ms(m.transfer_us)},
+                      {"rank0_launch_to_wait_ms_by_label", per_label_ms(m.gap_us)},
+                      {"rank0_bytes_by_label", m.bytes_by_label}});
     }
     const auto labels = overlapped_labels(s, cfg.output_gate, plan.all_gather());
     std::vector<double> w = all_reduce_max(
