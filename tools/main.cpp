@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "launcher.h"
+#include "train_command.h"
 #include "mlacp/errors.h"
 
 namespace mlacp::tools {
@@ -57,11 +58,14 @@ int main(int argc, char** argv) {
   CLI::App* info_cmd = add_info_command(app, info);
   CLI::App* verify_cmd = add_verify_command(app, verify);
   CLI::App* bench_cmd = add_bench_command(app, bench);
+  TrainArgs train;
+  CLI::App* train_cmd = add_train_command(app, train);
   CLI11_PARSE(app, argc, argv);
   try {
     if (info_cmd->parsed()) return run_info(common, info);
     if (verify_cmd->parsed()) return run_verify(common, verify);
     if (bench_cmd->parsed()) return run_bench(common, bench);
+    if (train_cmd->parsed()) return run_train(common, train);
   } catch (const mlacp::Error& e) {
     std::cerr << e.what() << "\n";
     return 2;

@@ -22,6 +22,8 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/Parallel.h>
+
 #include "core/format.h"
 #include "launcher.h"
 #include "mlacp/errors.h"
@@ -313,11 +315,23 @@ void report_run(const TrainArgs& args, const train::TrainConfig& config, const s
   std::cout << summary.str() << std::flush;
 }
 
+// Intra-op threads of a training rank: --threads when given, else 1. The models `train` runs
+// here are small (GEMMs of 64..256 wide): a second intra-op thread per process made a 1-rank run
+// 3-30x slower on a busy 2-core host (OpenBLAS pthreads: 14k -> 0.4-4.9k tokens/s at S=256),
+// and several ranks per host already share the cores.
+void set_rank_threads(const CommonArgs& common) {
+  if (common.threads > 0) {
+    apply_threads(common);
+  } else {
+    at::set_num_threads(1);
+  }
+}
+
 // One rank of a launch. Rank 0 writes --log and, when started by this command's own launcher,
 // the launcher's copy (--progress-log): then the launcher draws the progress bar and reports;
 // otherwise (torchrun) rank 0 does both itself.
 int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
-  apply_threads(common);
+  set_rank_threads(common);
   const WorldInfo world = world_from_env();
   train::PreparedTraining prepared = prepare_rank(args, world.size);
   const train::TrainConfig config = prepared.config;
@@ -408,7 +422,6 @@ int run_launcher(const CommonArgs& common, const TrainArgs& args) {
     std::vector<StepRecord> records;
     for (const auto& r : curve)
       if (r.step > resumed) records.push_back(r);
-    fs::remove(follow);
     report_run(args, prepared.config, records, curve);
   }
   fs::remove(follow);
@@ -417,6 +430,7 @@ int run_launcher(const CommonArgs& common, const TrainArgs& args) {
 
 // ---- compare ---------------------------------------------------------------------------------
 
+// Both runs use the ranks' thread default (set_rank_threads: 1 per rank unless --threads).
 int run_compare(const CommonArgs& common, const TrainArgs& args) {
   MLACP_REQUIRE(args.checkpoint.empty() && !args.resume, kWhat, "--compare runs fresh trainings without checkpoints",
                 {got("checkpoint", args.checkpoint), got("resume", args.resume)}, "drop --checkpoint/--resume");
@@ -444,22 +458,22 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
                                       "--plot",  "--reference", "--out", kProgressLogOption};
   std::cerr << "train --compare: " << p.config.describe() << "\n";
   struct Run {
-    std::string name;
     int nproc;
     const train::TrainConfig* config;
     std::string log;
     std::vector<std::string> layout;
   };
   const Run runs[] = {
-      {"parallel", args.nproc, &p.config, parallel_log,
+      {args.nproc, &p.config, parallel_log,
        {"--dp", std::to_string(p.config.mesh.dp), "--cp", std::to_string(p.config.mesh.cp), "--tp",
         std::to_string(p.config.mesh.tp), "--ulysses", std::to_string(p.config.mesh.ulysses)}},
-      {"single", 1, &s.config, single_log, {"--dp", "1", "--cp", "1", "--tp", "1", "--ulysses", "0"}}};
+      {1, &s.config, single_log, {"--dp", "1", "--cp", "1", "--tp", "1", "--ulysses", "0"}}};
   for (const Run& run : runs) {
     fs::remove(run.log);
     std::vector<std::string> extra = run.layout;
     extra.insert(extra.end(), {kProgressLogOption, run.log});  // rank 0 writes it; this process reports
-    const int status = launch_with_progress(run.nproc, rank_arguments(common, drop, {"--compare"}, extra), run.log,
+    const std::vector<std::string> arguments = rank_arguments(common, drop, {"--compare"}, extra);
+    const int status = launch_with_progress(run.nproc, arguments, run.log,
                                             layout_label(*run.config) + " (" + std::to_string(run.nproc) + " rank" +
                                                 (run.nproc > 1 ? "s" : "") + ")",
                                             run.config->steps);
@@ -487,7 +501,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
             << "\n"
             << "tokens/s: parallel / single = " << fixed(mean_tokens_per_second(a) / mean_tokens_per_second(b), 2)
             << " (" << args.nproc << " ranks share this machine's " << std::thread::hardware_concurrency()
-            << " cores)\n"
+            << " cores; " << (common.threads == 0 ? 1 : common.threads) << " intra-op thread(s) per rank in both runs)\n"
             << "logs: " << parallel_log << " " << single_log << "\nplot: " << plot << "\n";
   return agree ? 0 : 1;
 }
@@ -499,40 +513,40 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
 CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   CLI::App* cmd = app.add_subcommand("train", "train a small MLA decoder on the shipped corpus with context parallelism");
   auto* layout = cmd->add_option_group("layout", "ranks and parallel degrees (world = dp x cp x tp)");
-  layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64));
+  layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64))->capture_default_str();
   layout->add_option("--cp", args.cp, "context-parallel degree P (default: world / (dp*tp))");
-  layout->add_option("--dp", args.dp, "data-parallel degree");
-  layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)");
-  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P)");
-  layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head");
-  layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)");
+  layout->add_option("--dp", args.dp, "data-parallel degree")->capture_default_str();
+  layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")->capture_default_str();
+  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P)")->capture_default_str();
+  layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head")->capture_default_str();
+  layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();
   layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
   auto* model = cmd->add_option_group("model and data");
-  model->add_option("--preset", args.preset, "decoder preset: small | test");
+  model->add_option("--preset", args.preset, "decoder preset: small | test")->capture_default_str();
   model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset");
   model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)");
   model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)");
   auto* run = cmd->add_option_group("run");
-  run->add_option("--dtype", args.dtype, "float64 | float32 | bfloat16 (float32 parameters, bf16 autocast)");
-  run->add_option("--steps", args.steps, "last training step");
-  run->add_option("--seq", args.seq, "packed sequence length S (global, split over CP)");
-  run->add_option("--batch", args.batch, "packed sequences per step (global, split over DP)");
-  run->add_option("--lr", args.lr, "peak learning rate (AdamW)");
-  run->add_option("--warmup", args.warmup, "linear learning-rate warmup steps");
-  run->add_option("--weight-decay", args.weight_decay, "AdamW weight decay on matrices");
-  run->add_option("--clip", args.clip, "max global gradient norm (0: off)");
-  run->add_option("--seed", args.seed, "seed of parameters and data order");
+  run->add_option("--dtype", args.dtype, "float64 | float32 | bfloat16 (float32 parameters, bf16 autocast)")->capture_default_str();
+  run->add_option("--steps", args.steps, "last training step")->capture_default_str();
+  run->add_option("--seq", args.seq, "packed sequence length S (global, split over CP)")->capture_default_str();
+  run->add_option("--batch", args.batch, "packed sequences per step (global, split over DP)")->capture_default_str();
+  run->add_option("--lr", args.lr, "peak learning rate (AdamW)")->capture_default_str();
+  run->add_option("--warmup", args.warmup, "linear learning-rate warmup steps")->capture_default_str();
+  run->add_option("--weight-decay", args.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
+  run->add_option("--clip", args.clip, "max global gradient norm (0: off)")->capture_default_str();
+  run->add_option("--seed", args.seed, "seed of parameters and data order")->capture_default_str();
   run->add_option("--checkpoint", args.checkpoint, "checkpoint folder (written after the last step)");
-  run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps");
+  run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps")->capture_default_str();
   run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint");
-  run->add_option("--timeout", args.timeout_s, "collective timeout in seconds")->check(CLI::Range(1, 3600));
+  run->add_option("--timeout", args.timeout_s, "collective timeout in seconds")->check(CLI::Range(1, 3600))->capture_default_str();
   auto* out = cmd->add_option_group("output");
   out->add_option("--log", args.log, "write one JSON line per step (step, loss, tokens_per_s, grad_norm, time_s)");
   out->add_option("--plot", args.plot, "write the loss curve(s) as PNG (gnuplot)");
   out->add_option("--reference", args.reference, "a reference run's JSONL log: overlaid on the plot and compared");
   out->add_flag("--compare", args.compare,
                 "train with the layout (default 4 ranks, cp=4), then on 1 rank without CP; compare the loss curves");
-  out->add_option("--out", args.out_dir, "--compare: folder for both logs and the default plot");
+  out->add_option("--out", args.out_dir, "--compare: folder for both logs and the default plot")->capture_default_str();
   // Internal: the launcher's copy of the log, which it follows for the progress bar.
   cmd->add_option(kProgressLogOption, args.progress_log, "")->group("");
   return cmd;

@@ -26,7 +26,7 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
-bool blank(std::string_view line) { return line.find_first_not_of(" \t\r\f\v") == std::string_view::npos; }
+bool blank(std::string_view line) { return line.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos; }
 
 // Paragraphs of a text: runs of non-blank lines, each line with its '\n'.
 void split_paragraphs(const std::string& text, std::vector<std::string>& documents) {

@@ -253,17 +253,17 @@ at::Tensor Trainer::forward_backward(const LocalBatch& local) {
 
 double Trainer::clip_gradients() {
   at::NoGradGuard no_grad;
-  double whole = 0.0, split = 0.0;  // squared norms: parameters whole on every rank / split over TP
+  // Squared norms in float64: [parameters whole on every rank, parameters split over TP].
+  at::Tensor squares = at::zeros({2}, at::kDouble);
   for (const auto& item : model_->named_parameters()) {
     const at::Tensor& g = item.value().grad();
-    if (!g.defined()) continue;
-    const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
-    (DecoderLmImpl::is_tp_split(item.key()) ? split : whole) += sq;
+    if (g.defined()) squares[DecoderLmImpl::is_tp_split(item.key()) ? 1 : 0] += g.to(at::kDouble).pow(2).sum();
   }
-  if (groups_.tp.size() > 1) {
-    split = launch_all_reduce_sum(groups_.tp, at::tensor({split}, at::kDouble), "grad_norm").wait_one().item<double>();
+  if (groups_.tp.size() > 1) {  // each TP rank holds other heads of the split parameters
+    at::Tensor split = launch_all_reduce_sum(groups_.tp, squares.narrow(0, 1, 1), "grad_norm").wait_one();
+    squares.narrow(0, 1, 1).copy_(split);
   }
-  const double norm = std::sqrt(whole + split);
+  const double norm = std::sqrt(squares.sum().item<double>());
   const double max_norm = config_.optimizer.grad_clip;
   if (max_norm > 0.0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
@@ -359,15 +359,15 @@ void Trainer::load_checkpoint(const CheckpointMeta& meta) {
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);
-  for (auto& item : model_->named_parameters()) {  // shapes must match before load's set_()
-    at::Tensor saved;
-    model_archive.read(item.key(), saved);
-    MLACP_REQUIRE(saved.sizes() == item.value().sizes() && saved.scalar_type() == item.value().scalar_type(), kWhat,
-                  "checkpoint parameter does not fit the model",
-                  {got("parameter", item.key()), got("saved", shape_text(saved)), got("model", shape_text(item.value()))},
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : model_->parameters()) shapes.push_back(p.sizes().vec());
+  model_->load(model_archive);
+  size_t i = 0;
+  for (const auto& item : model_->named_parameters()) {  // meta.json matched; this catches a foreign shard file
+    MLACP_REQUIRE(item.value().sizes().vec() == shapes[i++], kWhat, "checkpoint parameter does not fit the model",
+                  {got("file", file), got("parameter", item.key()), got("loaded", shape_text(item.value()))},
                   "resume with the model and tp of the run that wrote it");
   }
-  model_->load(model_archive);
   optimizer_->load(optimizer_archive);
   step_ = meta.step;
   sampler_.set_position(meta.data_position);

@@ -98,12 +98,16 @@ struct StepRecord {
   static StepRecord from_json(const std::string& line);
 };
 
-// How closely a parallel run's loss curve follows the single-process run of the same settings
-// (maximum over steps of |loss - loss_single| / |loss_single|). float64 and float32 differ only
-// by summation order; bf16 autocast also rounds differently on the wire and in local sums.
+// How closely a loss curve follows the single-process run of the same settings (maximum over
+// steps of |loss - loss_single| / |loss_single|). A float64 or float32 parallel run differs only
+// by summation order (measured: ~5e-16 and ~2e-7 over 20/50 steps). bf16 autocast (bf16 GEMMs,
+// float32 parameters, gradients and loss) is held to kLossAgreementBf16 against the float32
+// single-process run, and a bf16 parallel run to the same bound against the bf16 single run:
+// measured 2e-4 to 7e-4 over 50 steps at S=64..256 (tests/train, mlacp train --compare), so
+// the bound leaves a 20x margin for longer runs and other seeds.
 constexpr double kLossAgreementFloat64 = 1e-9;
 constexpr double kLossAgreementFloat32 = 1e-4;
-constexpr double kLossAgreementBf16 = 2e-2;
+constexpr double kLossAgreementBf16 = 1e-2;
 double loss_agreement_tolerance(at::ScalarType dtype);
 // Maximum relative difference of two loss curves over the steps both have (`common` receives
 // their count; 0 common steps gives +inf).

@@ -1,0 +1,220 @@
+// `mlacp bench-kernel`: see kernel_bench.h.
+#include "kernel_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include "core/memory_probe.h"
+#include "kernels/blockwise_attention.h"
+#include "kernels/gemm_rate.h"
+#include "table.h"
+
+namespace mlacp::tools {
+namespace {
+
+// Useful-FLOP convention (flash-attention's): backward = 2.5 × forward.
+constexpr double kBackwardFactor = 2.5;
+constexpr const char* kConvention =
+    "forward = 2*B*H*S*S*(Dqk+Dv) (causal: half); backward = 2.5 x forward; forward+backward = 3.5 x forward";
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Row {
+  int64_t seq = 0;
+  std::string dtype, mask, pass, path;
+  double median_ms = 0, gflops = 0, gemm_gflops = 0;
+  int64_t peak_extra_bytes = 0;   // highest live tensor bytes above the call's start
+  int64_t temporaries_bytes = 0;  // the same minus the results (out, and dq/dk/dv for backward)
+  int64_t tiles_computed = 0, tiles_total = 0;
+  double cpu_busy = 0;  // process CPU time / (wall × threads), median over repeats: < ~0.9 means
+                        // other processes took cores and every rate of the row is depressed
+};
+
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+at::ScalarType dtype_of(const std::string& name) { return name == "float32" ? at::kFloat : at::kBFloat16; }
+
+double forward_flops(const KernelBenchArgs& a, int64_t s, bool causal) {
+  const double full = 2.0 * a.batch * a.heads * static_cast<double>(s) * static_cast<double>(s) *
+                      static_cast<double>(a.dqk + a.dv);
+  return causal ? full / 2 : full;
+}
+
+AttentionStructure structure_for(int64_t s, bool causal) {
+  AttentionStructure st;
+  st.causal = causal;
+  st.query_token_index = at::arange(s, at::kLong);
+  st.key_token_index = at::arange(s, at::kLong);
+  return st;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_name, const std::string& mask,
+               bool backward, double gemm_gflops) {
+  const at::ScalarType dtype = dtype_of(dtype_name);
+  const bool causal = mask == "causal";
+  at::manual_seed(0);
+  at::Tensor q = at::randn({a.batch, a.heads, s, a.dqk}).to(dtype).requires_grad_(backward);
+  at::Tensor k = at::randn({a.batch, a.heads, s, a.dqk}).to(dtype).requires_grad_(backward);
+  at::Tensor v = at::randn({a.batch, a.heads, s, a.dv}).to(dtype).requires_grad_(backward);
+  at::Tensor dout = backward ? at::randn({a.batch, a.heads, s, a.dv}).to(dtype) : at::Tensor();
+  const AttentionStructure st = structure_for(s, causal);
+  BlockwiseStats stats;
+  BlockwiseOptions opt;
+  opt.block_q = a.block_q, opt.block_k = a.block_k, opt.stats = &stats;
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(a.dqk));
+  Row row;
+  row.seq = s, row.dtype = dtype_name, row.mask = mask, row.pass = backward ? "fwd+bwd" : "fwd";
+  std::vector<double> times_ms, busy;
+  for (int r = 0; r < a.repeats; ++r) {
+    std::cerr << "bench-kernel: S=" << s << " " << dtype_name << " " << mask << " " << row.pass << " repeat "
+              << r + 1 << "/" << a.repeats << "\n";
+    for (at::Tensor* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
+    MemoryScope scope;
+    const double cpu_start = process_cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor out = blockwise_attention(q, k, v, scaling, st, opt);
+    int64_t results = static_cast<int64_t>(out.nbytes());
+    if (backward) {
+      out.backward(dout);
+      results += static_cast<int64_t>(q.grad().nbytes() + k.grad().nbytes() + v.grad().nbytes());
+    }
+    times_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    busy.push_back((process_cpu_seconds() - cpu_start) * 1e3 / (times_ms.back() * at::get_num_threads()));
+    row.peak_extra_bytes = std::max(row.peak_extra_bytes, scope.peak_extra_bytes());
+    row.temporaries_bytes = std::max(row.temporaries_bytes, scope.peak_extra_bytes() - results);
+  }
+  const double flops = forward_flops(a, s, causal) * (backward ? 1.0 + kBackwardFactor : 1.0);
+  row.median_ms = median(times_ms);
+  row.cpu_busy = median(busy);
+  row.gflops = flops / (row.median_ms * 1e6);
+  row.gemm_gflops = gemm_gflops;
+  row.path = path_name(stats.path);
+  row.tiles_computed = stats.forward_blocks_computed;
+  row.tiles_total = stats.blocks_total;
+  return row;
+}
+
+void warm_up(at::ScalarType dtype) {
+  at::Tensor q = at::randn({1, 2, 256, 64}).to(dtype).requires_grad_(true);
+  at::Tensor out = blockwise_attention(q, q, q, 0.125, structure_for(256, true));
+  out.sum().backward();
+}
+
+nlohmann::json to_json(const Row& r) {
+  return {{"seq", r.seq},
+          {"dtype", r.dtype},
+          {"mask", r.mask},
+          {"pass", r.pass},
+          {"path", r.path},
+          {"median_ms", r.median_ms},
+          {"gflops", r.gflops},
+          {"gemm_gflops", r.gemm_gflops},
+          {"ratio", r.gflops / r.gemm_gflops},
+          {"peak_extra_bytes", r.peak_extra_bytes},
+          {"temporaries_bytes", r.temporaries_bytes},
+          {"tiles_computed", r.tiles_computed},
+          {"tiles_total", r.tiles_total},
+          {"cpu_busy", r.cpu_busy}};
+}
+
+}  // namespace
+
+CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench-kernel", "blockwise attention GFLOP/s (forward, forward+backward) vs this machine's GEMM, peak memory");
+  cmd->add_option("--seq", args.seq_lens, "sequence lengths S (comma-separated; 32768 fwd+bwd takes minutes)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
+  cmd->add_option("--dtype", args.dtypes, "float32 | bfloat16 (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd->add_option("--mask", args.masks, "causal | full (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"causal", "full"}));
+  cmd->add_option("--batch", args.batch, "batch B")->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", args.heads, "heads H")->check(CLI::PositiveNumber);
+  cmd->add_option("--dqk", args.dqk, "query/key head dim")->check(CLI::PositiveNumber);
+  cmd->add_option("--dv", args.dv, "value head dim")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeats", args.repeats, "timed calls per row (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM yardstick")->check(CLI::Range(64, 8192));
+  cmd->add_option("--block-q", args.block_q, "query rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--block-k", args.block_k, "key rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
+  cmd->add_flag("--skip-backward", args.skip_backward, "time the forward only");
+  cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE");
+  return cmd;
+}
+
+int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
+  apply_threads(common);
+  install_memory_probe();
+  const int threads = at::get_num_threads();
+  const BlasInfo blas = loaded_blas();
+  std::cerr << "bench-kernel: " << threads << " intra-op threads; measuring GEMM rates (n=" << args.gemm_size << ")\n";
+  // The yardstick is re-measured right before each row (this host is shared: rates drift).
+  nlohmann::json gemm_json = nlohmann::json::object();
+  for (const std::string& name : args.dtypes) {
+    const GemmRate rate = measure_gemm(dtype_of(name), args.gemm_size);
+    gemm_json[name] = {{"n", rate.size}, {"median_ms", rate.median_ms}, {"gflops", rate.gflops}};
+    warm_up(dtype_of(name));
+  }
+  std::vector<Row> rows;
+  for (int64_t s : args.seq_lens)
+    for (const std::string& dtype : args.dtypes)
+      for (const std::string& mask : args.masks)
+        for (bool backward : {false, true}) {
+          if (backward && args.skip_backward) continue;
+          const double gemm_gflops = measure_gemm(dtype_of(dtype), args.gemm_size).gflops;
+          rows.push_back(bench_case(args, s, dtype, mask, backward, gemm_gflops));
+        }
+
+  std::cout << "blockwise attention, B=" << args.batch << " H=" << args.heads << " Dqk=" << args.dqk
+            << " Dv=" << args.dv << ", " << threads << " threads, BLAS " << blas.library << "\n"
+            << "useful FLOPs: " << kConvention << "\n"
+            << "ratio = kernel GFLOP/s / GEMM GFLOP/s (" << args.gemm_size
+            << "^3, same dtype and threads, measured just before the row); "
+            << "temporaries = peak extra tensor bytes minus out (and dq, dk, dv); "
+            << "cpu = process CPU time / (wall x threads) during the kernel (< 0.9: other processes took cores)\n\n";
+  Table table({"S", "dtype", "mask", "pass", "path", "median ms", "GFLOP/s", "GEMM GFLOP/s", "ratio",
+               "peak extra MiB", "temporaries MiB", "tiles", "cpu"});
+  nlohmann::json json_rows = nlohmann::json::array();
+  for (const Row& r : rows) {
+    table.add({std::to_string(r.seq), r.dtype, r.mask, r.pass, r.path, fixed(r.median_ms, 1), fixed(r.gflops, 1),
+               fixed(r.gemm_gflops, 1), fixed(r.gflops / r.gemm_gflops, 2), fixed(r.peak_extra_bytes / kMiB, 1),
+               fixed(r.temporaries_bytes / kMiB, 1), std::to_string(r.tiles_computed) + "/" + std::to_string(r.tiles_total),
+               fixed(r.cpu_busy, 2)});
+    json_rows.push_back(to_json(r));
+  }
+  table.print(std::cout);
+  if (!args.json_path.empty()) {
+    const nlohmann::json doc{{"command", "bench-kernel"},
+                             {"threads", threads},
+                             {"blas", blas.library},
+                             {"shape", {{"batch", args.batch}, {"heads", args.heads}, {"dqk", args.dqk}, {"dv", args.dv}}},
+                             {"flop_convention", kConvention},
+                             {"repeats", args.repeats},
+                             {"gemm_at_start", gemm_json},
+                             {"rows", json_rows}};
+    std::ofstream(args.json_path) << doc.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace mlacp::tools
