@@ -45,6 +45,8 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)");
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
+  g->add_option("--kernel", a.kernel, "blockwise | naive: the CP runtime's attention kernel");
+  g->add_option("--reference-kernel", a.reference_kernel, "naive | blockwise: the single-device oracle's kernel");
   g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)");
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
   g->add_option("--frozen", a.frozen, "frozen parameter-name prefixes; 'hidden' freezes the input")->delimiter(',');
@@ -86,6 +88,8 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   if (a.dtype) c.dtype = parse_dtype(*a.dtype);
   c.frozen = a.frozen;
   c.overlap = a.overlap.value_or(true);
+  if (a.kernel) c.kernel = parse_kernel(*a.kernel);
+  if (a.reference_kernel) c.reference_kernel = parse_kernel(*a.reference_kernel);
   return c;
 }
 

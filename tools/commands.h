@@ -33,6 +33,7 @@ struct AdHocCase {
   std::vector<std::string> frozen;
   bool gate = false;
   std::optional<bool> overlap;
+  std::optional<std::string> kernel, reference_kernel;
   bool given = false;  // set when any of the above was on the command line
 };
 

@@ -198,20 +198,21 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
   for (const Row& r : rows) {
     table.add({std::to_string(r.seq), r.dtype, r.mask, r.pass, r.path, fixed(r.median_ms, 1), fixed(r.gflops, 1),
                fixed(r.gemm_gflops, 1), fixed(r.gflops / r.gemm_gflops, 2), fixed(r.peak_extra_bytes / kMiB, 1),
-               fixed(r.temporaries_bytes / kMiB, 1), std::to_string(r.tiles_computed) + "/" + std::to_string(r.tiles_total),
-               fixed(r.cpu_busy, 2)});
+               fixed(r.temporaries_bytes / kMiB, 1),
+               std::to_string(r.tiles_computed) + "/" + std::to_string(r.tiles_total), fixed(r.cpu_busy, 2)});
     json_rows.push_back(to_json(r));
   }
   table.print(std::cout);
   if (!args.json_path.empty()) {
-    const nlohmann::json doc{{"command", "bench-kernel"},
-                             {"threads", threads},
-                             {"blas", blas.library},
-                             {"shape", {{"batch", args.batch}, {"heads", args.heads}, {"dqk", args.dqk}, {"dv", args.dv}}},
-                             {"flop_convention", kConvention},
-                             {"repeats", args.repeats},
-                             {"gemm_at_start", gemm_json},
-                             {"rows", json_rows}};
+    const nlohmann::json doc{
+        {"command", "bench-kernel"},
+        {"threads", threads},
+        {"blas", blas.library},
+        {"shape", {{"batch", args.batch}, {"heads", args.heads}, {"dqk", args.dqk}, {"dv", args.dv}}},
+        {"flop_convention", kConvention},
+        {"repeats", args.repeats},
+        {"gemm_at_start", gemm_json},
+        {"rows", json_rows}};
     std::ofstream(args.json_path) << doc.dump(2) << "\n";
   }
   return 0;

@@ -17,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "mlacp/config.h"
+#include "mlacp/plan.h"
 
 namespace mlacp {
 
@@ -120,6 +121,10 @@ class MlaAttentionImpl : public torch::nn::Module {
   static bool is_tp_sharded_parameter(const std::string& name);
 
   const MlaConfig& config() const { return config_; }
+  // The kernel of the single-device core: naive (the oracle) unless set; the CP runtime uses its
+  // plan's kernel instead.
+  void set_attention_kernel(AttentionKernel kernel) { kernel_ = kernel; }
+  AttentionKernel attention_kernel() const { return kernel_; }
   int64_t local_heads() const { return local_heads_; }
   double scaling() const { return scaling_; }
 
@@ -141,6 +146,7 @@ class MlaAttentionImpl : public torch::nn::Module {
   MlaConfig config_;
   int64_t local_heads_;
   int64_t tp_size_ = 1;
+  AttentionKernel kernel_ = AttentionKernel::naive;
   std::shared_ptr<AttentionCore> core_;
   double scaling_;
   struct RopeState;

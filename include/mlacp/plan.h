@@ -10,11 +10,16 @@
 namespace mlacp {
 
 enum class CpStrategy { expanded_ulysses, latent_kv_head };
+// The local attention kernel: blockwise (flash-style, no S x S scores; the default) or the naive
+// reference (materialised scores; the oracle, kept for checking).
+enum class AttentionKernel { blockwise, naive };
 enum class CpPartition { contiguous, head_tail };
 
 std::string strategy_name(CpStrategy strategy);
 CpStrategy parse_strategy(const std::string& name);
 std::string partition_name(CpPartition partition);
+std::string kernel_name(AttentionKernel kernel);
+AttentionKernel parse_kernel(const std::string& name);
 CpPartition parse_partition(const std::string& name);
 
 // MLA dimensions the plan needs (from MlaConfig; see its glossary).
@@ -36,6 +41,7 @@ struct CpPlanSpec {
   CpStrategy strategy = CpStrategy::latent_kv_head;
   bool overlap = false;
   CpPartition partition = CpPartition::contiguous;
+  AttentionKernel kernel = AttentionKernel::blockwise;
 };
 
 class CpPlan {
@@ -51,6 +57,7 @@ class CpPlan {
   CpStrategy strategy() const { return spec_.strategy; }
   bool overlap() const { return spec_.overlap; }
   CpPartition partition() const { return spec_.partition; }
+  AttentionKernel kernel() const { return spec_.kernel; }
   int64_t local_heads() const { return spec_.dims.heads / spec_.tp; }          // H
   int64_t compute_heads() const { return local_heads() / spec_.ulysses; }      // Hc = H / U
   // Grid position of a CP rank: Ulysses rank u = r % U, all-gather index a = r / U.

@@ -31,6 +31,7 @@ void freeze(const CpCase& c, MlaAttention& module) {
 // Single-device forward + backward of the whole batch (every rank computes it).
 ForwardBackward reference_run(const CpCase& c, at::ScalarType dtype, bool bf16_autocast) {
   MlaAttention module = make_case_module(c.base, dtype);
+  module->set_attention_kernel(c.reference_kernel);
   freeze(c, module);
   CaseInputs inputs = make_case_inputs(c.base, dtype);
   if (!bf16_autocast) return run_forward_backward(module, inputs);
@@ -65,6 +66,7 @@ std::string CpCase::describe() const {
   out << name << ": dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
       << " ulysses=" << (mesh.ulysses ? mesh.ulysses : mesh.cp) << " strategy=" << strategy_name(strategy)
       << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
+      << " kernel=" << kernel_name(kernel) << " reference=" << kernel_name(reference_kernel)
       << " dtype=" << dtype_name(dtype) << " B=" << base.batch << " S=" << base.seq_len
       << " causal=" << (base.causal.value_or(cfg.causal) ? "yes" : "no") << " heads=" << cfg.num_heads
       << " hidden=" << cfg.hidden_size << " Rq=" << (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none")
@@ -120,8 +122,9 @@ CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
   MlaAttention module = make_case_module(c.base, param_dtype);
   if (c.mesh.tp > 1) module->shard_heads_for_tp(groups.tp_rank, c.mesh.tp);
   freeze(c, module);
-  const CpPlan plan(plan_spec_for(c.base.config, groups.shape, c.strategy, c.partition, overlap));
-  install_context_parallel(module, plan, groups);
+  CpPlanSpec spec = plan_spec_for(c.base.config, groups.shape, c.strategy, c.partition, overlap);
+  spec.kernel = c.kernel;
+  install_context_parallel(module, CpPlan(spec), groups);
   CaseInputs global = make_case_inputs(c.base, param_dtype);
   at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!is_frozen(c, "hidden"));
   at::Tensor weight = mine(global.output_weight);

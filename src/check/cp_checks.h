@@ -23,6 +23,8 @@ struct CpCase {
   bool overlap = false;
   at::ScalarType dtype = at::kDouble;  // kBFloat16: float32 parameters under bf16 autocast
   std::vector<std::string> frozen;     // parameter-name prefixes frozen; "hidden" freezes the input
+  AttentionKernel kernel = AttentionKernel::blockwise;        // the CP runtime's local kernel
+  AttentionKernel reference_kernel = AttentionKernel::naive;  // the single-device oracle's
   std::string describe() const;        // one line with every parameter
 };
 

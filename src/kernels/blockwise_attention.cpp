@@ -52,6 +52,13 @@
 #define MLACP_X86 0
 #endif
 
+// Portable hot loops are also compiled for x86-64-v3 (AVX2, FMA) and picked at load time (ifunc).
+#if MLACP_X86 && defined(__GNUC__) && !defined(__clang__)
+#define MLACP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MLACP_CLONES
+#endif
+
 namespace mlacp {
 namespace {
 
@@ -187,6 +194,18 @@ Rows4 rows_of(const at::Tensor& t) {
           static_cast<int64_t>(t.element_size())};
 }
 
+// Row-wise masking of a score tile row (one key, query lanes): branch-free so it vectorizes.
+template <class T>
+MLACP_CLONES void mask_row_causal(T* row, int64_t n, const int64_t* q_tok, int64_t k_tok) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) row[i] = k_tok <= q_tok[i] ? row[i] : ninf;
+}
+template <class T>
+MLACP_CLONES void mask_row_docs(T* row, int64_t n, const int64_t* q_doc, int64_t k_doc) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) row[i] = k_doc == q_doc[i] ? row[i] : ninf;
+}
+
 struct Plan {
   int64_t batch = 0, heads = 0, sq = 0, sk = 0, dqk = 0, dv = 0;
   int64_t block_q = 0, block_k = 0, nqb = 0, nkb = 0;
@@ -214,11 +233,6 @@ struct Plan {
   bool mask_at(int64_t b, int64_t i, int64_t j) const {
     return mask_data[b * mask_sb + i * mask_si + j * mask_sj] != 0;
   }
-  bool allowed(int64_t b, int64_t i, int64_t j) const {
-    if (causal && k_tok[j] > q_tok[i]) return false;
-    if (has_docs && k_doc[j] != q_doc[i]) return false;
-    return !mask_data || mask_at(b, i, j);
-  }
   // Whether an explicit mask leaves any pair of the tile allowed (structure is in classify).
   bool mask_any(int64_t b, int64_t qb, int64_t kb) const {
     if (!mask_data) return true;
@@ -234,9 +248,17 @@ struct Plan {
   void apply_mask(int64_t b, int64_t qb, int64_t kb, Acc* st, int64_t ld) const {
     const BlockInfo& q = q_blocks[qb];
     const BlockInfo& k = k_blocks[kb];
-    for (int64_t j = 0; j < k.size; ++j)
-      for (int64_t i = 0; i < q.size; ++i)
-        if (!allowed(b, q.begin + i, k.begin + j)) st[j * ld + i] = -std::numeric_limits<Acc>::infinity();
+    for (int64_t j = 0; j < k.size; ++j) {
+      Acc* row = st + j * ld;
+      const int64_t key = k.begin + j;
+      if (causal) mask_row_causal(row, q.size, q_tok.data() + q.begin, k_tok[key]);
+      if (has_docs) mask_row_docs(row, q.size, q_doc.data() + q.begin, k_doc[key]);
+      if (mask_data) {
+        const uint8_t* m = mask_data + b * mask_sb + q.begin * mask_si + key * mask_sj;
+        for (int64_t i = 0; i < q.size; ++i)
+          if (!m[i * mask_si]) row[i] = -std::numeric_limits<Acc>::infinity();
+      }
+    }
   }
 };
 
@@ -248,7 +270,8 @@ std::vector<int64_t> index_vector(const at::Tensor& t) {
 std::vector<BlockInfo> make_blocks(const std::vector<int64_t>& tok, const std::vector<int64_t>& doc, int64_t block) {
   std::vector<BlockInfo> blocks;
   for (int64_t begin = 0; begin < static_cast<int64_t>(tok.size()); begin += block) {
-    BlockInfo info{begin, std::min<int64_t>(block, static_cast<int64_t>(tok.size()) - begin), tok[begin], tok[begin], 0, 0};
+    BlockInfo info{begin, std::min<int64_t>(block, static_cast<int64_t>(tok.size()) - begin), tok[begin], tok[begin], 0,
+                   0};
     if (!doc.empty()) info.doc_min = info.doc_max = doc[begin];
     for (int64_t i = begin; i < begin + info.size; ++i) {
       info.tok_min = std::min(info.tok_min, tok[i]);
@@ -358,7 +381,8 @@ std::shared_ptr<const Plan> make_plan(const at::Tensor& q, const at::Tensor& k, 
                   {got("document_ends", ends)}, "pass global exclusive ends in order");
     auto doc_of = [&](const std::vector<int64_t>& tok) {
       std::vector<int64_t> doc(tok.size());
-      for (size_t i = 0; i < tok.size(); ++i) doc[i] = std::upper_bound(ends.begin(), ends.end(), tok[i]) - ends.begin();
+      for (size_t i = 0; i < tok.size(); ++i)
+        doc[i] = std::upper_bound(ends.begin(), ends.end(), tok[i]) - ends.begin();
       return doc;
     };
     p.has_docs = true;
@@ -386,7 +410,8 @@ at::Tensor dense_rows(const at::Tensor& t) { return t.size(3) <= 1 || t.stride(3
 at::Tensor empty_rows_like(const at::Tensor& like, int64_t d, at::ScalarType dtype) {
   const int64_t b = like.size(0), h = like.size(1), s = like.size(2);
   const auto opts = like.options().dtype(dtype);
-  if (!like.is_contiguous() && like.transpose(1, 2).is_contiguous()) return at::empty({b, s, h, d}, opts).transpose(1, 2);
+  if (!like.is_contiguous() && like.transpose(1, 2).is_contiguous())
+    return at::empty({b, s, h, d}, opts).transpose(1, 2);
   return at::empty({b, h, s, d}, opts);
 }
 
@@ -440,7 +465,8 @@ void load_row_acc(const char* src, at::ScalarType dtype, int64_t n, Acc* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(reinterpret_cast<const float*>(src)[i]);
       break;
     default:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(static_cast<float>(reinterpret_cast<const c10::BFloat16*>(src)[i]));
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = static_cast<Acc>(static_cast<float>(reinterpret_cast<const c10::BFloat16*>(src)[i]));
   }
 }
 
@@ -455,7 +481,8 @@ void store_row(const Acc* src, int64_t n, Acc factor, char* dst, at::ScalarType 
       for (int64_t i = 0; i < n; ++i) reinterpret_cast<float*>(dst)[i] = static_cast<float>(src[i] * factor);
       break;
     default:
-      for (int64_t i = 0; i < n; ++i) reinterpret_cast<c10::BFloat16*>(dst)[i] = c10::BFloat16(static_cast<float>(src[i] * factor));
+      for (int64_t i = 0; i < n; ++i)
+        reinterpret_cast<c10::BFloat16*>(dst)[i] = c10::BFloat16(static_cast<float>(src[i] * factor));
   }
 }
 
@@ -582,12 +609,6 @@ __attribute__((always_inline)) inline void ukernel_portable_body(int64_t mr, int
     for (int64_t n = 0; n < cols; ++n) c[r * ldc + n] = accumulate ? c[r * ldc + n] + t[r][n] : t[r][n];
 }
 
-// Also compiled for x86-64-v3 (AVX2, FMA) and picked at load time (ifunc).
-#if MLACP_X86 && defined(__GNUC__) && !defined(__clang__)
-#define MLACP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define MLACP_CLONES
-#endif
 MLACP_CLONES void ukernel_portable(int64_t mr, int64_t w, int64_t cols, int64_t k, const float* a, int64_t rs,
                                    int64_t cs, const float* b, float* c, int64_t ldc, bool accumulate) {
   ukernel_portable_body<float>(mr, w, cols, k, a, rs, cs, b, c, ldc, accumulate);
@@ -789,8 +810,8 @@ MLACP_AVX512BF16 void softmax_step_bf16(int64_t rows, int64_t ld, float* st, flo
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < rows; j += 2) {
       const __m512 e0 = exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st + j * ld + c), vs, safe));
-      const __m512 e1 =
-          j + 1 < rows ? exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st + (j + 1) * ld + c), vs, safe)) : _mm512_setzero_ps();
+      const __m512 e1 = j + 1 < rows ? exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st + (j + 1) * ld + c), vs, safe))
+                                     : _mm512_setzero_ps();
       sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
       _mm512_storeu_si512(pw + ((j / 2) * ld + c) * 2, pair_rows(e0, e1));
     }
@@ -1144,7 +1165,8 @@ void backward_task(const Plan& p, const BackwardIO& io, int64_t bh, int64_t g, B
       pack_b_rows<P>(kr, bk, dqk, s.k_panel);
       gemm<P>(bq, dqk, bk, ds_a, ds_rs, ds_cs, s.k_panel, s.dq_acc, dqk, true);  // dQ_i += dS·K_j
     }
-    for (int64_t i = 0; i < bq; ++i) store_row<Acc>(s.dq_acc + i * dqk, dqk, Acc(1), io.dq.row(b, h, qi.begin + i), p.in_dtype);
+    for (int64_t i = 0; i < bq; ++i)
+      store_row<Acc>(s.dq_acc + i * dqk, dqk, Acc(1), io.dq.row(b, h, qi.begin + i), p.in_dtype);
   }
   if (io.mode == AccMode::head) {
     for (int64_t j = 0; j < p.sk; ++j) {
@@ -1279,13 +1301,14 @@ void check_backward_args(const Plan& p, const at::Tensor& out, const at::Tensor&
                 "pass the forward's output and its gradient");
   MLACP_REQUIRE(out.scalar_type() == p.in_dtype && dout.scalar_type() == p.in_dtype, kWhat,
                 "out and dout must have the inputs' dtype",
-                {got("out.dtype", c10::toString(out.scalar_type())), got("dout.dtype", c10::toString(dout.scalar_type())),
-                 got("q.dtype", c10::toString(p.in_dtype))},
+                {got("out.dtype", c10::toString(out.scalar_type())),
+                 got("dout.dtype", c10::toString(dout.scalar_type())), got("q.dtype", c10::toString(p.in_dtype))},
                 "cast dout to the output dtype");
-  MLACP_REQUIRE(lse.defined() && lse.sizes().vec() == lse_shape && lse.scalar_type() == p.acc_dtype, kWhat,
-                "lse must be the forward's log-sum-exp [B,H,Sq] (float32; float64 for float64 inputs)",
-                {got("lse.shape", shape_of(lse)), got("lse.dtype", lse.defined() ? c10::toString(lse.scalar_type()) : "-")},
-                "pass BlockwiseResult::lse");
+  MLACP_REQUIRE(
+      lse.defined() && lse.sizes().vec() == lse_shape && lse.scalar_type() == p.acc_dtype, kWhat,
+      "lse must be the forward's log-sum-exp [B,H,Sq] (float32; float64 for float64 inputs)",
+      {got("lse.shape", shape_of(lse)), got("lse.dtype", lse.defined() ? c10::toString(lse.scalar_type()) : "-")},
+      "pass BlockwiseResult::lse");
   MLACP_REQUIRE(!dlse.defined() || dlse.sizes().vec() == lse_shape, kWhat, "dlse must be [B,H,Sq] or undefined",
                 {got("dlse.shape", shape_of(dlse))}, "pass the gradient of lse or nothing");
 }
@@ -1296,11 +1319,25 @@ BlockwiseResult forward_with_graph(const at::Tensor& q, const at::Tensor& k, con
   BlockwiseResult r = forward_impl(*plan, q, k, v, opt.stats);
   std::vector<at::Tensor> outputs{r.out};
   if (with_lse) outputs.push_back(r.lse);
-  BackwardFn backward = [plan, q = q.detach(), k = k.detach(), v = v.detach(), out = r.out, lse = r.lse,
-                         stats = opt.stats, with_lse](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
+  // Saved as plain aliases (no autograd identity, so no reference cycle through the node); their
+  // version counters catch in-place changes between forward and backward.
+  std::vector<at::Tensor> saved{q.detach(), k.detach(), v.detach(), r.out};
+  std::vector<int64_t> versions;
+  for (const at::Tensor& t : saved) versions.push_back(static_cast<int64_t>(t._version()));
+  BackwardFn backward = [plan, saved, versions, lse = r.lse, stats = opt.stats,
+                         with_lse](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
+    static const char* const kNames[] = {"q", "k", "v", "out"};
+    for (size_t i = 0; i < saved.size(); ++i) {
+      MLACP_REQUIRE(static_cast<int64_t>(saved[i]._version()) == versions[i], kWhat,
+                    "a tensor saved for backward was modified in place after the forward",
+                    {got("tensor", kNames[i]), got("version_at_forward", versions[i]),
+                     got("version_now", static_cast<int64_t>(saved[i]._version()))},
+                    "modify a clone instead");
+    }
+    const at::Tensor& out = saved[3];
     const at::Tensor dout = grads[0].scalar_type() == out.scalar_type() ? grads[0] : grads[0].to(out.scalar_type());
     const at::Tensor dlse = with_lse ? grads[1] : at::Tensor();
-    BlockwiseGrads g = backward_impl(*plan, q, k, v, out, lse, dout, dlse, stats);
+    BlockwiseGrads g = backward_impl(*plan, saved[0], saved[1], saved[2], out, lse, dout, dlse, stats);
     return {g.dq, g.dk, g.dv};
   };
   outputs = attach_backward({q, k, v}, std::move(outputs), "BlockwiseAttentionBackward", std::move(backward));

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "core/format.h"
-#include "kernels/reference_attention.h"
+#include "kernels/attend.h"
 #include "kernels/rope.h"
 #include "mlacp/errors.h"
 #include "model/forward_inputs.h"
@@ -196,8 +196,8 @@ at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const R
   structure.key_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
   structure.document_ends = r.document_ends;
   structure.mask = r.mask;
-  at::Tensor out = reference_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                       scaling_, structure);                   // [B, H, S, Dv]
+  at::Tensor out = attend(kernel_, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scaling_,
+                          structure);  // [B, H, S, Dv]
   return out.transpose(1, 2).reshape({r.batch, r.seq_len, local_heads_ * c.v_head_dim});  // [B, S, H*Dv]
 }
 

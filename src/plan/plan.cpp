@@ -38,6 +38,15 @@ CpPartition parse_partition(const std::string& name) {
        "head_tail balances causal attention across ranks");
 }
 
+std::string kernel_name(AttentionKernel k) { return k == AttentionKernel::blockwise ? "blockwise" : "naive"; }
+
+AttentionKernel parse_kernel(const std::string& name) {
+  if (name == "blockwise") return AttentionKernel::blockwise;
+  if (name == "naive" || name == "reference") return AttentionKernel::naive;
+  fail(kWhat, "attention kernel must be blockwise or naive", {got("kernel", name)},
+       "blockwise never materialises S x S scores; naive is the reference oracle");
+}
+
 CpPlan::CpPlan(const CpPlanSpec& spec) : spec_(spec) {
   const PlanDims& d = spec_.dims;
   require_positive(d.heads, "heads");
@@ -65,7 +74,7 @@ std::string CpPlan::to_text() const {
   const PlanDims& d = spec_.dims;
   std::ostringstream out;
   out << "CpPlan strategy=" << strategy_name(spec_.strategy) << " partition=" << partition_name(spec_.partition)
-      << " overlap=" << (spec_.overlap ? "on" : "off") << "\n"
+      << " overlap=" << (spec_.overlap ? "on" : "off") << " kernel=" << kernel_name(spec_.kernel) << "\n"
       << "  degrees  tp=" << spec_.tp << " cp(P)=" << spec_.cp << " ulysses(U)=" << spec_.ulysses
       << " all_gather(A)=" << all_gather() << "\n"
       << "  dims     heads=" << d.heads << " Rq=" << d.q_rank << " Rkv=" << d.kv_rank << " Dn=" << d.nope_dim
@@ -87,6 +96,7 @@ std::string CpPlan::to_json() const {
   j["strategy"] = strategy_name(spec_.strategy);
   j["overlap"] = spec_.overlap;
   j["partition"] = partition_name(spec_.partition);
+  j["kernel"] = kernel_name(spec_.kernel);
   j["local_heads"] = local_heads();
   j["compute_heads"] = compute_heads();
   return j.dump();

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "core/format.h"
-#include "kernels/reference_attention.h"
+#include "kernels/attend.h"
 #include "mlacp/errors.h"
 #include "model/forward_inputs.h"
 #include "core/timeline.h"
@@ -117,8 +117,8 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   at::Tensor out;
   {
     ComputeSpan span(groups_.timeline.get(), "attention");
-    out = reference_attention(in.query.transpose(1, 2), in.key.transpose(1, 2), in.value.transpose(1, 2), m.scaling(),
-                              structure);  // [B,Hc,Sq,Dv]
+    out = attend(plan_.kernel(), in.query.transpose(1, 2), in.key.transpose(1, 2), in.value.transpose(1, 2),
+                 m.scaling(), structure);  // [B,Hc,Sq,Dv]
   }
   if (overlap && plan_.ulysses() > 1) return overlapped_output(ctx, out.transpose(1, 2), x, in.gate);
   at::Tensor restored = restore_output(out.transpose(1, 2), batch, local_len);  // [B,S_l,H*Dv]

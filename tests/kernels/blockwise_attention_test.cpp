@@ -9,7 +9,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/autograd.h>
 
 #include "core/compat.h"
 #include "core/memory_probe.h"
@@ -99,8 +98,9 @@ struct Inputs {
 
 Inputs make_inputs(const Case& c, uint64_t seed = 1) {
   at::manual_seed(seed);
-  return {at::randn({c.batch, c.heads, c.sq, c.dqk}, at::kDouble), at::randn({c.batch, c.heads, c.sk, c.dqk}, at::kDouble),
-          at::randn({c.batch, c.heads, c.sk, c.dv}, at::kDouble), at::randn({c.batch, c.heads, c.sq, c.dv}, at::kDouble)};
+  return {
+      at::randn({c.batch, c.heads, c.sq, c.dqk}, at::kDouble), at::randn({c.batch, c.heads, c.sk, c.dqk}, at::kDouble),
+      at::randn({c.batch, c.heads, c.sk, c.dv}, at::kDouble), at::randn({c.batch, c.heads, c.sq, c.dv}, at::kDouble)};
 }
 
 struct Outcome {
@@ -123,7 +123,7 @@ Outcome reference_run(const Case& c, const Inputs& in, at::ScalarType dtype = at
 }
 
 Outcome blockwise_run(const Case& c, const Inputs& in, at::ScalarType dtype, BlockwisePath path,
-                  BlockwiseStats* stats = nullptr) {
+                      BlockwiseStats* stats = nullptr) {
   const AttentionStructure st = structure_of(c);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c.dqk));
   BlockwiseOptions opt;
@@ -290,8 +290,8 @@ TEST(BlockwiseAttention, ExplicitForwardBackwardEqualsAutograd) {
   opt.block_q = 8, opt.block_k = 5;
   const Outcome ag = blockwise_run(c, in, at::kDouble, BlockwisePath::automatic);
   const BlockwiseResult f = blockwise_attention_forward(in.q, in.k, in.v, 1.0 / std::sqrt(12.0), st, opt);
-  const BlockwiseGrads g =
-      blockwise_attention_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, at::Tensor(), 1.0 / std::sqrt(12.0), st, opt);
+  const BlockwiseGrads g = blockwise_attention_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, at::Tensor(),
+                                                        1.0 / std::sqrt(12.0), st, opt);
   EXPECT_EQ(max_abs(f.out, ag.out), 0.0);
   EXPECT_EQ(max_abs(g.dq, ag.dq), 0.0);
   EXPECT_EQ(max_abs(g.dk, ag.dk), 0.0);
@@ -315,10 +315,26 @@ TEST(BlockwiseAttention, TransposedLayoutsGiveTheSameResultsAndKeepTheirLayout) 
     out.backward(in.dout.to(at::kFloat));
     EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << path_name(path);
     EXPECT_TRUE(q.grad().transpose(1, 2).is_contiguous()) << path_name(path);
-    const Outcome ref = run(in, at::kFloat, [&](auto& a, auto& b, auto& d) { return blockwise_attention(a, b, d, 0.3, st, opt); });
+    const Outcome ref =
+        run(in, at::kFloat, [&](auto& a, auto& b, auto& d) { return blockwise_attention(a, b, d, 0.3, st, opt); });
     EXPECT_LE(max_abs(out.to(at::kDouble), ref.out), 1e-6) << path_name(path);
     EXPECT_LE(max_abs(q.grad().to(at::kDouble), ref.dq), 1e-6) << path_name(path);
     EXPECT_LE(max_abs(k.grad().to(at::kDouble), ref.dk), 1e-6) << path_name(path);
+  }
+}
+
+TEST(BlockwiseAttention, InPlaceChangeOfASavedTensorIsAnErrorInBackward) {
+  Case c{"inplace", 1, 2, 9, 9, 4, 4, true};
+  const Inputs in = make_inputs(c);
+  at::Tensor q = in.q.clone().requires_grad_(true);
+  at::Tensor k = in.k.clone();
+  at::Tensor out = blockwise_attention(q, k, in.v, 0.5, structure_of(c));
+  k.mul_(2);
+  try {
+    out.sum().backward();
+    ADD_FAILURE() << "backward must reject a key modified after the forward";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("modified in place"), std::string::npos) << e.what();
   }
 }
 
