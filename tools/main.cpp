@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include "commands.h"
+#include "kernel_bench.h"
 #include "launcher.h"
 #include "train_command.h"
 #include "mlacp/errors.h"
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
   CLI::App* info_cmd = add_info_command(app, info);
   CLI::App* verify_cmd = add_verify_command(app, verify);
   CLI::App* bench_cmd = add_bench_command(app, bench);
+  KernelBenchArgs kernel_bench;
+  CLI::App* kernel_bench_cmd = add_kernel_bench_command(app, kernel_bench);
   TrainArgs train;
   CLI::App* train_cmd = add_train_command(app, train);
   CLI11_PARSE(app, argc, argv);
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
     if (verify_cmd->parsed()) return run_verify(common, verify);
     if (bench_cmd->parsed()) return run_bench(common, bench);
     if (train_cmd->parsed()) return run_train(common, train);
+    if (kernel_bench_cmd->parsed()) return run_kernel_bench(common, kernel_bench);
   } catch (const mlacp::Error& e) {
     std::cerr << e.what() << "\n";
     return 2;
