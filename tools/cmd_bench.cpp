@@ -8,6 +8,7 @@
 //   --auto-link sizes the link bandwidth so that each overlapped transfer takes about half of
 //   the computation placed under it (measured in a calibration run without a link).
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -185,27 +186,36 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   at::Tensor weight = shard_sequence(global.output_weight, CpPartition::head_tail, world.size, groups.cp_rank)
                           .to(at::kFloat);
 
-  auto run_config = [&](CpStrategy strategy, bool overlap, std::vector<StepStats>* all) {
-    MlaAttention module = make_case_module(vc, param_dtype);
-    install_context_parallel(module, CpPlan(plan_spec_for(cfg, shape, strategy, CpPartition::head_tail, overlap)),
-                             groups);
-    for (int i = 0; i < a.warmup; ++i) one_step(module, hidden, weight, global.options, groups, bf16);
-    std::vector<StepStats> steps;
-    for (int i = 0; i < a.steps; ++i) {
-      steps.push_back(one_step(module, hidden, weight, global.options, groups, bf16));
-      if (lead) std::cerr << "\rbench: " << strategy_name(strategy) << " overlap " << (overlap ? "on " : "off")
-                          << " step " << i + 1 << "/" << a.steps << std::flush;
+  // Overlap off and on run in alternating steps, so a change in the machine's load affects both
+  // alike (these shared machines are noisy); the median step of each stands for it.
+  auto run_pair = [&](CpStrategy strategy) {
+    MlaAttention modules[2] = {make_case_module(vc, param_dtype), make_case_module(vc, param_dtype)};
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      install_context_parallel(
+          modules[overlap], CpPlan(plan_spec_for(cfg, shape, strategy, CpPartition::head_tail, overlap == 1)), groups);
+    }
+    std::vector<StepStats> steps[2];
+    for (int i = 0; i < a.warmup + a.steps; ++i) {
+      for (int overlap = 0; overlap < 2; ++overlap) {
+        StepStats st = one_step(modules[overlap], hidden, weight, global.options, groups, bf16);
+        if (i >= a.warmup) steps[overlap].push_back(st);
+        if (!a.trace_dir.empty() && i + 1 == a.warmup + a.steps) {
+          std::ofstream(a.trace_dir + "/" + strategy_name(strategy) + (overlap ? "-overlap" : "-plain") + "-rank" +
+                        std::to_string(world.rank) + ".json")
+              << groups.timeline->chrome_trace_json(world.rank);
+        }
+      }
+      if (lead) std::cerr << "\rbench: " << strategy_name(strategy) << " step " << i + 1 << "/" << a.warmup + a.steps
+                          << std::flush;
     }
     if (lead) std::cerr << "\n";
-    if (!a.trace_dir.empty()) {
-      std::ofstream(a.trace_dir + "/" + strategy_name(strategy) + (overlap ? "-overlap" : "-plain") + "-rank" +
-                    std::to_string(world.rank) + ".json")
-          << groups.timeline->chrome_trace_json(world.rank);
+    std::array<StepStats, 2> medians;
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      auto& v = steps[overlap];
+      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.step_ms < y.step_ms; });
+      medians[overlap] = v[v.size() / 2];
     }
-    if (all) *all = steps;
-    // The median step (by time) stands for the configuration.
-    std::sort(steps.begin(), steps.end(), [](const auto& x, const auto& y) { return x.step_ms < y.step_ms; });
-    return steps[steps.size() / 2];
+    return medians;
   };
 
   if (a.auto_link) {
@@ -214,12 +224,19 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     groups.link->latency_seconds = 0;
     double needed = 0;
     for (CpStrategy s : strategies) {
-      const StepStats calib = run_config(s, true, nullptr);
+      const StepStats calib = run_pair(s)[1];
       const auto labels = overlapped_labels(s, cfg.output_gate, world.size / (a.ulysses ? a.ulysses : world.size));
       for (const auto& label : labels) {
         if (!calib.gap_us.count(label) || !calib.bytes_by_label.count(label)) continue;
         const double half_gap_s = 0.5 * calib.gap_us.at(label) * 1e-6;
-        if (half_gap_s > 0) needed = std::max(needed, calib.bytes_by_label.at(label) / half_gap_s);
+        if (half_gap_s <= 0) continue;
+        const double bandwidth = calib.bytes_by_label.at(label) / half_gap_s;
+        if (lead) {
+          std::cerr << "bench: calibration " << strategy_name(s) << " " << label << ": "
+                    << calib.bytes_by_label.at(label) << " B under " << fixed(calib.gap_us.at(label) / 1000.0, 2)
+                    << " ms of compute -> " << fixed(bandwidth / 1e9, 3) << " GB/s for half of it\n";
+        }
+        needed = std::max(needed, bandwidth);
       }
     }
     needed = all_reduce_max(groups.world, {needed})[0];
@@ -241,8 +258,9 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
         (v.forward_all_to_all + v.forward_output + v.forward_all_gather + v.backward_all_to_all) * es / 1024.0 +
         v.backward_reduce * (bf16 ? 4 : es) / 1024.0;
     StepStats by_mode[2];
+    const std::array<StepStats, 2> pair = run_pair(s);
     for (bool overlap : {false, true}) {
-      StepStats m = run_config(s, overlap, nullptr);
+      StepStats m = pair[overlap];
       // Worst rank decides: a step is as slow as its slowest rank.
       std::vector<double> worst = all_reduce_max(groups.world, {m.step_ms, sum(m.transfer_us), sum(m.wait_us)});
       const double comm_ms = worst[1] / 1000.0, exposed_ms = worst[2] / 1000.0;
@@ -266,8 +284,15 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                       {"rank0_bytes_by_label", m.bytes_by_label}});
     }
     const auto labels = overlapped_labels(s, cfg.output_gate, plan.all_gather());
+    // A transfer's duration: the link's time for its bytes (with no link: its measured time).
+    double modelled_us = 0;
+    for (const auto& label : labels) {
+      if (!by_mode[1].bytes_by_label.count(label)) continue;
+      modelled_us += groups.link->enabled() ? 1e6 * groups.link->transfer_seconds(by_mode[1].bytes_by_label.at(label))
+                                            : by_mode[1].transfer_us[label];
+    }
     std::vector<double> w = all_reduce_max(
-        groups.world, {sum(by_mode[1].transfer_us, &labels), sum(by_mode[1].wait_us, &labels),
+        groups.world, {modelled_us, sum(by_mode[1].wait_us, &labels),
                        exposed_off_for(by_mode[0], by_mode[1], labels)});
     const double their_comm = w[0] / 1000.0, their_exposed = w[1] / 1000.0, exposed_off = w[2] / 1000.0;
     const double saved = by_mode[0].step_ms - by_mode[1].step_ms;
