@@ -2,7 +2,7 @@
 // next to this machine's measured GEMM rate (same dtype, same thread count, same run: re-measured
 // just before each row), with the peak extra tensor memory of each call (counting CPU allocator)
 // and the share of the CPUs the process actually got (shared hosts depress every rate).
-//   mlacp bench-kernel                  S = 2048, 8192; float32, bf16; causal, full (~3-4 min on 2 cores)
+//   mlacp bench-kernel                  S = 2048, 8192; float32, bf16; causal, full (2-4 min on 2 cores)
 //   mlacp bench-kernel --seq 32768 --mask causal --dtype float32 --repeats 1   (minutes)
 //   mlacp --threads 2 bench-kernel --json kernel.json
 // Useful FLOPs: forward 2·B·H·Sq·Sk·(Dqk+Dv) (causal: half), backward 2.5× forward, so

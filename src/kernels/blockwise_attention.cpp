@@ -30,6 +30,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <pthread.h>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
@@ -134,13 +136,30 @@ bool cpu_has_avx512_bf16() {
 // Work distribution. This library's translation units are compiled without -fopenmp, so the
 // header-inlined at::parallel_for would run serially here; TensorIterator::for_each runs
 // ATen's compiled parallel_for, i.e. the same OpenMP intra-op pool as ATen's own kernels.
-int64_t worker_count() { return at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads()); }
+//
+// Fork safety: libgomp's pool does not survive fork(); a child forked after this process used
+// the pool would hang in its next parallel region. A pthread_atfork handler marks such children
+// and the kernel then runs serially in them (measured: without it the child hangs).
+std::atomic<bool> g_pool_used{false};
+std::atomic<bool> g_forked_after_pool{false};
+
+void mark_forked_child() {
+  if (g_pool_used.load()) g_forked_after_pool.store(true);
+}
+
+int64_t worker_count() {
+  if (g_forked_after_pool.load() || at::in_parallel_region()) return 1;
+  return std::max(1, at::get_num_threads());
+}
 
 void run_workers(int64_t n_workers, const std::function<void(int64_t)>& worker) {
   if (n_workers <= 1) {
     worker(0);
     return;
   }
+  static const bool fork_handler = pthread_atfork(nullptr, nullptr, &mark_forked_child) == 0;
+  (void)fork_handler;
+  g_pool_used.store(true);
   const at::Tensor ids = at::arange(n_workers, at::kLong);
   at::TensorIterator iter = at::TensorIteratorConfig().add_input(ids).build();
   iter.for_each(

@@ -10,6 +10,11 @@
 // min/max global token index and document id), so causal costs about half of non-causal.
 // Rows with no allowed key give exactly zero output, zero gradient and lse = −inf.
 //
+// Threads: tiles run on ATen's intra-op pool (at::get_num_threads() workers, dynamic task
+// queue; serial when called inside another parallel region). Calls are independent and may run
+// concurrently (give each its own BlockwiseStats). A process forked after the pool was used
+// runs the kernel serially (libgomp's pool does not survive fork).
+//
 // Owns: the blockwise math, its CPU micro-kernels and its work scheduling. Does not own: which
 // rows a rank holds (callers pass AttentionStructure), autocast policy beyond "bf16 in → bf16
 // matmuls", or combining partial results across ranks (lse is returned for that).

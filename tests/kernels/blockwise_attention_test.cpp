@@ -1,6 +1,9 @@
 // blockwise_attention against reference_attention (the oracle): every mask kind, odd sizes with
 // small blocks, float64 / float32 / bf16, every code path this CPU runs; plus block skipping
 // and the memory bound at S = 8192.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <limits>
 #include <string>
@@ -336,6 +339,26 @@ TEST(BlockwiseAttention, InPlaceChangeOfASavedTensorIsAnErrorInBackward) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("modified in place"), std::string::npos) << e.what();
   }
+}
+
+// libgomp's pool does not survive fork(): a child forked after the parent used it must still be
+// able to run the kernel (serially). Tensors stay small so ATen's own ops stay serial too.
+TEST(BlockwiseAttention, ForkedChildRunsTheKernelAfterTheParentUsedThePool) {
+  ThreadsGuard guard(2);
+  Case c{"fork", 1, 2, 40, 40, 8, 8, true};
+  const Inputs in = make_inputs(c);
+  const Outcome parent = blockwise_run(c, in, at::kDouble, BlockwisePath::automatic);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(30);  // a hang ends the child with SIGALRM
+    const Outcome child = blockwise_run(c, in, at::kDouble, BlockwisePath::automatic);
+    _exit(max_abs(child.out, parent.out) == 0.0 && max_abs(child.dq, parent.dq) == 0.0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "child did not exit normally (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(BlockwiseAttention, CausalAndDocumentTilesAreSkipped) {
