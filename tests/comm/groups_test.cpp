@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "support/error_of.h"
 #include "mlacp/comm.h"
 #include "mlacp/errors.h"
 #include "support/multiprocess.h"
@@ -23,20 +24,7 @@ namespace {
 using test::make_groups;
 using test::run_ranks;
 
-// Runs f, expects mlacp::Error, returns its message.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected mlacp::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected mlacp::Error, nothing was thrown";
-  return {};
-}
+using test::error_of;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "support/error_of.h"
 #include "mlacp/config.h"
 #include "mlacp/errors.h"
 
@@ -18,20 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs f, expects it to throw mlacp::Error, returns the error's message.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected mlacp::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected mlacp::Error, nothing was thrown";
-  return {};
-}
+using test::error_of;
 
 // The real DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3), verbatim apart from layout.
 const char* const kDeepSeekV3ConfigJson = R"json({

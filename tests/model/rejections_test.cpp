@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "support/error_of.h"
 #include "mlacp/attention.h"
 #include "mlacp/errors.h"
 
@@ -19,20 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs f, expects it to throw mlacp::Error, returns the error's message.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected mlacp::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected mlacp::Error, nothing was thrown";
-  return {};
-}
+using test::error_of;
 
 constexpr int64_t kBatch = 2;
 constexpr int64_t kSeq = 6;

@@ -10,25 +10,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/error_of.h"
 #include "mlacp/errors.h"
 #include "mlacp/plan.h"
 
 namespace mlacp {
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected mlacp::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected mlacp::Error, nothing was thrown";
-  return {};
-}
+using test::error_of;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
