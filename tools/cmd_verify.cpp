@@ -47,6 +47,7 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_flag("--gate", a.gate, "output gate");
   g->add_option("--kernel", a.kernel, "blockwise | naive: the CP runtime's attention kernel");
   g->add_option("--reference-kernel", a.reference_kernel, "naive | blockwise: the single-device oracle's kernel");
+  g->add_flag("--reference-rank0", a.reference_rank0, "rank 0 alone computes the reference (long sequences)");
   g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)");
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
   g->add_option("--frozen", a.frozen, "frozen parameter-name prefixes; 'hidden' freezes the input")->delimiter(',');
@@ -90,6 +91,7 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   c.overlap = a.overlap.value_or(true);
   if (a.kernel) c.kernel = parse_kernel(*a.kernel);
   if (a.reference_kernel) c.reference_kernel = parse_kernel(*a.reference_kernel);
+  c.reference_on_rank0 = a.reference_rank0;
   return c;
 }
 

@@ -34,6 +34,7 @@ struct AdHocCase {
   bool gate = false;
   std::optional<bool> overlap;
   std::optional<std::string> kernel, reference_kernel;
+  bool reference_rank0 = false;
   bool given = false;  // set when any of the above was on the command line
 };
 

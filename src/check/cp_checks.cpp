@@ -39,6 +39,27 @@ ForwardBackward reference_run(const CpCase& c, at::ScalarType dtype, bool bf16_a
   return run_forward_backward(module, inputs);
 }
 
+// The reference computed on world rank 0 only (float64, or float32 for float32 cases) and summed into zeros elsewhere (for
+// sequences where every rank recomputing it would cost too much time and memory).
+ForwardBackward shared_reference(const CpCase& c, const ParallelGroups& groups) {
+  ForwardBackward reference;
+  if (groups.world_info.rank == 0) {
+    // float32 cases get a float32 reference here (a float64 one at these lengths takes too long).
+    reference = reference_run(c, c.dtype == at::kFloat ? at::kFloat : at::kDouble, false);
+    reference.output = reference.output.to(at::kDouble);
+  } else {
+    MlaAttention shapes = make_case_module(c.base, at::kDouble);
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    reference.output = at::zeros({c.base.batch, c.base.seq_len, c.base.config.hidden_size}, f64);
+    reference.gradients.emplace_back("hidden", at::zeros_like(reference.output));
+    for (const auto& item : shapes->named_parameters())
+      reference.gradients.emplace_back(item.key(), at::zeros_like(item.value()));
+  }
+  reference.output = launch_all_reduce_sum(groups.world, reference.output, "reference").wait_one();
+  for (auto& [name, grad] : reference.gradients) grad = launch_all_reduce_sum(groups.world, grad, "reference").wait_one();
+  return reference;
+}
+
 // The TP-local slice of a full parameter gradient.
 at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const MlaConfig& c, int64_t tp_rank,
                     int64_t tp) {
@@ -67,7 +88,7 @@ std::string CpCase::describe() const {
       << " ulysses=" << (mesh.ulysses ? mesh.ulysses : mesh.cp) << " strategy=" << strategy_name(strategy)
       << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
       << " kernel=" << kernel_name(kernel) << " reference=" << kernel_name(reference_kernel)
-      << " dtype=" << dtype_name(dtype) << " B=" << base.batch << " S=" << base.seq_len
+      << (reference_on_rank0 ? " reference_on=rank0" : "") << " dtype=" << dtype_name(dtype) << " B=" << base.batch << " S=" << base.seq_len
       << " causal=" << (base.causal.value_or(cfg.causal) ? "yes" : "no") << " heads=" << cfg.num_heads
       << " hidden=" << cfg.hidden_size << " Rq=" << (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none")
       << " Rkv=" << cfg.kv_lora_rank << " Dn=" << cfg.qk_nope_head_dim << " Dr=" << cfg.qk_rope_head_dim
@@ -153,7 +174,7 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
   const bool bf16 = c.dtype == at::kBFloat16;
   const bool hidden_frozen = is_frozen(c, "hidden");
 
-  ForwardBackward reference = reference_run(c, at::kDouble, false);
+  ForwardBackward reference = c.reference_on_rank0 ? shared_reference(c, groups) : reference_run(c, at::kDouble, false);
   ForwardBackward single_bf16;
   if (bf16) single_bf16 = reference_run(c, at::kFloat, true);
 

@@ -25,6 +25,7 @@ struct CpCase {
   std::vector<std::string> frozen;     // parameter-name prefixes frozen; "hidden" freezes the input
   AttentionKernel kernel = AttentionKernel::blockwise;        // the CP runtime's local kernel
   AttentionKernel reference_kernel = AttentionKernel::naive;  // the single-device oracle's
+  bool reference_on_rank0 = false;  // long sequences: rank 0 alone computes the reference and shares it
   std::string describe() const;        // one line with every parameter
 };
 
