@@ -99,7 +99,6 @@ std::vector<CpCase> exactness_cp_cases() {
 
 std::vector<CpCase> default_cp_cases(int64_t world_size) {
   if (world_size == 4) {
-    std::vector<CpCase> all = exactness_cp_cases();
     return find_cp_cases({"latent-u4-contiguous-causal", "expanded-u4-head_tail-causal", "latent-u2-head_tail-full",
                           "expanded-u1-contiguous-causal", "latent-u2-head_tail-packed", "expanded-u2-band-masked-row",
                           "latent-tp2-cp2-gate", "expanded-dp2-cp2", "latent-u2-frozen-down", "latent-u2-bf16"},
