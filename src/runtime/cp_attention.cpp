@@ -42,12 +42,12 @@ CpAttentionCore::Rows CpAttentionCore::rows_for(int64_t seq_len, const at::Devic
   return {to_tensor(query), to_tensor(key)};
 }
 
-CpAttentionCore::AttentionInputs CpAttentionCore::expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
+ScheduledInputs CpAttentionCore::expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
                                                                   const at::Tensor& query, const at::Tensor& key_rope) {
   const MlaConfig& c = m.config();
   auto [key, value] = m.expand_key_value(latents.kv_latent, key_rope, 0, m.local_heads());  // [B,S_l,H,*]
   std::vector<at::Tensor> qkv = seq_to_head(groups_.ulysses, {query, key, value}, "qkv");    // [B,U*S_l,Hc,*]
-  AttentionInputs in{qkv[0], qkv[1], qkv[2]};
+  ScheduledInputs in{qkv[0], qkv[1], qkv[2], {}};
   if (plan_.all_gather() > 1) {
     at::Tensor kv = all_gather_seq(groups_.all_gather, at::cat({in.key, in.value}, -1), "kv");  // [B,S,Hc,Dqk+Dv]
     in.key = kv.narrow(-1, 0, c.qk_head_dim());
@@ -56,7 +56,7 @@ CpAttentionCore::AttentionInputs CpAttentionCore::expanded_inputs(MlaAttentionIm
   return in;
 }
 
-CpAttentionCore::AttentionInputs CpAttentionCore::latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
+ScheduledInputs CpAttentionCore::latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
                                                                 const at::Tensor& query, const at::Tensor& key_rope) {
   const MlaConfig& c = m.config();
   at::Tensor q = seq_to_head(groups_.ulysses, {query}, "q")[0];                              // [B,U*S_l,Hc,Dqk]
@@ -103,9 +103,7 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
                                       : overlapped_expanded_hybrid_inputs(ctx, latents, r.rope_positions, key_rope);
   } else {
     at::Tensor query = m.expand_query(latents.query_latent, r.rope_positions);  // [B,S_l,H,Dqk]
-    const AttentionInputs plain = expanded ? expanded_inputs(m, latents, query, key_rope)
-                                           : latent_inputs(m, latents, query, key_rope);
-    in = {plain.query, plain.key, plain.value, {}};
+    in = expanded ? expanded_inputs(m, latents, query, key_rope) : latent_inputs(m, latents, query, key_rope);
   }
   const Rows rows = rows_for(seq_len, hidden.device());
   AttentionStructure structure;

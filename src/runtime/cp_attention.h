@@ -6,6 +6,7 @@
 #include "mlacp/attention.h"
 #include "mlacp/comm.h"
 #include "mlacp/plan.h"
+#include "runtime/overlap_schedule.h"
 
 namespace mlacp {
 
@@ -23,15 +24,10 @@ class CpAttentionCore : public AttentionCore {
     at::Tensor query_tokens;  // [U*S_l] global token indices in exchange order
     at::Tensor key_tokens;    // [S] global token indices in gather order
   };
-  struct AttentionInputs {
-    at::Tensor query;  // [B, Sq, Hc, Dqk]
-    at::Tensor key;    // [B, Sk, Hc, Dqk]
-    at::Tensor value;  // [B, Sk, Hc, Dv]
-  };
   Rows rows_for(int64_t seq_len, const at::Device& device) const;
-  AttentionInputs expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
+  ScheduledInputs expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
                                   const at::Tensor& key_rope);
-  AttentionInputs latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
+  ScheduledInputs latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
                                 const at::Tensor& key_rope);
   at::Tensor restore_output(const at::Tensor& attention, int64_t batch, int64_t local_len);
 
