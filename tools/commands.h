@@ -11,6 +11,7 @@ namespace mlacp::tools {
 
 struct CommonArgs {
   int threads = 0;  // 0: all cores of this host, divided among local ranks
+  bool pin_cores = false;  // pin local rank r to its own block of cores (benchmarks on small hosts)
   std::vector<std::string> argv;  // the whole command line (for re-launching ranks)
 };
 
@@ -61,6 +62,8 @@ struct BenchArgs {
   int steps = 5, warmup = 1;
   double bandwidth_gbps = 0.0, latency_us = 0.0;
   bool auto_link = false;
+  double transfer_fraction = 0.5;
+  bool pin = true;
   std::string json_path, trace_dir;
   int timeout_s = 120;
 };

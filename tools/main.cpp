@@ -1,5 +1,7 @@
 // mlacp: the command-line tool. Dispatches to one subcommand; library errors become a one-line
 // message and exit status 2, failed checks exit status 1.
+#include <sched.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -11,6 +13,7 @@
 #include "launcher.h"
 #include "train_command.h"
 #include "mlacp/errors.h"
+#include "core/threads.h"
 
 namespace mlacp::tools {
 
@@ -24,7 +27,19 @@ void apply_threads(const CommonArgs& common) {
     const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
     threads = std::max(1, cores / ranks_here);
   }
-  at::set_num_threads(threads);
+  set_intra_op_threads(threads);
+  if (common.pin_cores) {
+    // Local rank r gets cores [r * threads, (r + 1) * threads) modulo the host's cores; threads
+    // started later (the backend's) inherit the mask.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const char* local = std::getenv("LOCAL_RANK");
+    const int local_rank = local ? std::atoi(local) : 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int t = 0; t < threads; ++t) CPU_SET((local_rank * threads + t) % cores, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0)
+      std::cerr << "mlacp: --pin-cores: could not set the CPU affinity of local rank " << local_rank << "\n";
+  }
 }
 
 int relaunch_local(const CommonArgs& common, int nproc) {
@@ -53,6 +68,7 @@ int main(int argc, char** argv) {
   common.argv.assign(argv, argv + argc);
   app.add_option("--threads", common.threads, "intra-op threads per process (0 = cores / local ranks)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--pin-cores", common.pin_cores, "pin each local rank to its own cores (steadier benchmarks)");
   InfoArgs info;
   VerifyArgs verify;
   BenchArgs bench;

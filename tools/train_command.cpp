@@ -30,6 +30,7 @@
 #include "mlacp/runtime.h"
 #include "table.h"
 #include "train/trainer.h"
+#include "core/threads.h"
 
 namespace mlacp::tools {
 namespace {
@@ -323,7 +324,7 @@ void set_rank_threads(const CommonArgs& common) {
   if (common.threads > 0) {
     apply_threads(common);
   } else {
-    at::set_num_threads(1);
+    set_intra_op_threads(1);
   }
 }
 

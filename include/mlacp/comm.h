@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -47,13 +48,19 @@ class CommCounters {
   std::map<std::string, CommTotals> by_label_;
 };
 
-// A collective completes no earlier than latency + bytes / bandwidth after its launch; waits
-// sleep (not spin) until then. Zero bandwidth = infinite.
+// A collective completes no earlier than latency + bytes / bandwidth after the link is free for
+// it (see book()); waits sleep (not spin) until then. Zero bandwidth = infinite.
 struct LinkModel {
   double latency_seconds = 0.0;
   double bandwidth_bytes_per_second = 0.0;
   bool enabled() const { return latency_seconds > 0.0 || bandwidth_bytes_per_second > 0.0; }
   double transfer_seconds(int64_t bytes) const;
+  // One link per process, like one network interface: a transfer starts when the link is free
+  // (after the transfers launched before it) and occupies it for transfer_seconds(bytes).
+  // Returns {start, done} and books the link. Launches of one process come from one thread.
+  std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> book(
+      std::chrono::steady_clock::time_point launch, int64_t bytes);
+  std::chrono::steady_clock::time_point busy_until{};
 };
 
 class AsyncHandle {
@@ -114,6 +121,7 @@ AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& 
 AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, const std::string& label);
 // All-reduce (max) of doubles, waited at once: for error reports and agreement checks.
 std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values);
+std::vector<double> all_reduce_min(const CommGroup& group, const std::vector<double>& values);
 // Exchanges one uint64 per rank (e.g. plan fingerprints): returns every rank's value.
 std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value);
 void barrier(const CommGroup& group);

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -51,6 +52,15 @@ double LinkModel::transfer_seconds(int64_t bytes) const {
   return seconds;
 }
 
+std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> LinkModel::book(
+    std::chrono::steady_clock::time_point launch, int64_t bytes) {
+  const auto start = std::max(launch, busy_until);
+  const auto done = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(transfer_seconds(bytes)));
+  busy_until = done;
+  return {start, done};
+}
+
 int64_t CommGroup::rank() const { return impl_->rank; }
 int64_t CommGroup::size() const { return impl_->size; }
 const std::string& CommGroup::name() const { return impl_->name; }
@@ -63,6 +73,7 @@ struct AsyncHandle::State {
   std::vector<at::Tensor> buffers;            // send/receive buffers kept alive until wait
   std::function<std::vector<at::Tensor>()> finish;  // restores the layout after completion
   Clock::time_point launched_at;
+  Clock::time_point link_start, link_done;  // emulated link: when it carries this transfer
   int64_t bytes = 0;
   std::string label;
   std::shared_ptr<LinkModel> link;
@@ -103,17 +114,20 @@ std::vector<at::Tensor> AsyncHandle::wait() {
   state_->waited = true;
   const double wait_begin_us = Timeline::now_us();
   if (state_->work) state_->work->wait();
-  if (state_->link && state_->link->enabled() && state_->work) {
-    const auto done = state_->launched_at +
-                      std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(state_->link->transfer_seconds(state_->bytes)));
-    std::this_thread::sleep_until(done);
-  }
+  const bool emulated = state_->link && state_->link->enabled() && state_->work;
+  if (emulated) std::this_thread::sleep_until(state_->link_done);
   if (state_->timeline) {
     const double end_us = Timeline::now_us();
-    const double launch_us = state_->launched_at_us;
     state_->timeline->record(state_->label, EventKind::wait, wait_begin_us, end_us);
-    state_->timeline->record(state_->label, EventKind::transfer, launch_us, end_us);
+    // The transfer: when the emulated link carries it; without one, launch to end of wait.
+    const auto offset_us = [&](Clock::time_point t) {
+      return state_->launched_at_us + std::chrono::duration<double, std::micro>(t - state_->launched_at).count();
+    };
+    if (emulated)
+      state_->timeline->record(state_->label, EventKind::transfer, offset_us(state_->link_start),
+                               offset_us(state_->link_done));
+    else
+      state_->timeline->record(state_->label, EventKind::transfer, state_->launched_at_us, end_us);
   }
   if (state_->counters) {
     state_->counters->add_wire_time(state_->kind, state_->label,
@@ -158,6 +172,8 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
   state->bytes = bytes;
   state->link = group.impl().link;
   state->kind = kind;
+  if (group.size() > 1 && state->link && state->link->enabled())
+    std::tie(state->link_start, state->link_done) = state->link->book(state->launched_at, bytes);
   if (group.size() > 1 && group.impl().timeline && group.impl().timeline->enabled()) {
     state->timeline = group.impl().timeline;
     state->launched_at_us = Timeline::now_us();
@@ -364,14 +380,23 @@ AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, c
   return AsyncHandle(std::move(state));
 }
 
-std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values) {
+namespace {
+std::vector<double> all_reduce_doubles(const CommGroup& group, const std::vector<double>& values, c10d::ReduceOp op) {
   if (group.size() == 1 || values.empty()) return values;
   at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MAX;
+  options.reduceOp = op;
   group.impl().backend->allreduce(tensors, options)->wait();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+}  // namespace
+
+std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values) {
+  return all_reduce_doubles(group, values, c10d::ReduceOp::MAX);
+}
+std::vector<double> all_reduce_min(const CommGroup& group, const std::vector<double>& values) {
+  return all_reduce_doubles(group, values, c10d::ReduceOp::MIN);
 }
 
 std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value) {

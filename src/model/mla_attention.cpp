@@ -82,8 +82,10 @@ LocalLatents MlaAttentionImpl::compute_latents(const at::Tensor& hidden) {
   const MlaConfig& c = config_;
   LocalLatents latents;
   at::Tensor compressed = kv_a_proj_with_mqa(hidden);                                  // [B, S, Rkv+Dr]
-  latents.kv_latent = kv_a_layernorm(compressed.narrow(-1, 0, c.kv_lora_rank));       // [B, S, Rkv]
-  latents.key_rope_raw = compressed.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim);   // [B, S, Dr]
+  // split (not two narrows): its backward is one cat, not a zero-filled buffer per part.
+  std::vector<at::Tensor> parts = compressed.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
+  latents.kv_latent = kv_a_layernorm(parts[0]);  // [B, S, Rkv]
+  latents.key_rope_raw = parts[1];               // [B, S, Dr]
   // Without a q latent the hidden state is the query "latent"; under autocast it takes the
   // latents' dtype (q_proj would cast it anyway), so all three travel in one dtype.
   latents.query_latent = c.q_lora_rank ? q_a_layernorm(q_a_proj(hidden))             // [B, S, Rq|d]
@@ -95,10 +97,9 @@ at::Tensor MlaAttentionImpl::expand_query(const at::Tensor& query_latent, const 
   const MlaConfig& c = config_;
   at::Tensor q = query_up_projection()(query_latent);  // [B, S, H*Dqk]
   q = q.view({q.size(0), q.size(1), local_heads_, c.qk_head_dim()});  // [B, S, H, Dqk]
-  at::Tensor q_nope = q.narrow(-1, 0, c.qk_nope_head_dim);
-  at::Tensor q_pe = apply_rope(q.narrow(-1, c.qk_nope_head_dim, c.qk_rope_head_dim), rope_positions,
-                               rope_->frequencies);
-  return at::cat({q_nope, q_pe}, -1);  // [B, S, H, Dqk]
+  std::vector<at::Tensor> parts = q.split_with_sizes({c.qk_nope_head_dim, c.qk_rope_head_dim}, -1);
+  at::Tensor q_pe = apply_rope(parts[1], rope_positions, rope_->frequencies);
+  return at::cat({parts[0], q_pe}, -1);  // [B, S, H, Dqk]
 }
 
 at::Tensor MlaAttentionImpl::rotate_key(const at::Tensor& key_rope_raw, const at::Tensor& rope_positions) const {
@@ -125,8 +126,9 @@ std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::assemble_key_value(const at:
   const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
   const int64_t heads = projected.size(2) / head_width;
   at::Tensor kv = projected.view({projected.size(0), projected.size(1), heads, head_width});  // [B, S, h, Dn+Dv]
-  at::Tensor key_nope = kv.narrow(-1, 0, c.qk_nope_head_dim);                                 // [B, S, h, Dn]
-  at::Tensor value = kv.narrow(-1, c.qk_nope_head_dim, c.v_head_dim);                         // [B, S, h, Dv]
+  std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_nope_head_dim, c.v_head_dim}, -1);
+  at::Tensor key_nope = parts[0];  // [B, S, h, Dn]
+  at::Tensor value = parts[1];     // [B, S, h, Dv]
   at::Tensor shared = key_rope.unsqueeze(2).expand({kv.size(0), kv.size(1), heads, c.qk_rope_head_dim});
   at::Tensor key = at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);               // [B, S, h, Dqk]
   return {key, value};

@@ -50,8 +50,9 @@ ScheduledInputs CpAttentionCore::expanded_inputs(MlaAttentionImpl& m, const Loca
   ScheduledInputs in{qkv[0], qkv[1], qkv[2], {}};
   if (plan_.all_gather() > 1) {
     at::Tensor kv = all_gather_seq(groups_.all_gather, at::cat({in.key, in.value}, -1), "kv");  // [B,S,Hc,Dqk+Dv]
-    in.key = kv.narrow(-1, 0, c.qk_head_dim());
-    in.value = kv.narrow(-1, c.qk_head_dim(), c.v_head_dim);
+    std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_head_dim(), c.v_head_dim}, -1);
+    in.key = parts[0];
+    in.value = parts[1];
   }
   return in;
 }
@@ -63,8 +64,8 @@ ScheduledInputs CpAttentionCore::latent_inputs(MlaAttentionImpl& m, const LocalL
   at::Tensor payload = at::cat({latents.kv_latent, key_rope.to(latents.kv_latent.scalar_type())}, -1);  // [B,S_l,Rkv+Dr]
   at::Tensor gathered = all_gather_seq(groups_.cp, payload, "latent");                       // [B,S,Rkv+Dr]
   const int64_t begin = plan_.head_begin(groups_.cp_rank);
-  auto [key, value] = m.expand_key_value(gathered.narrow(-1, 0, c.kv_lora_rank),
-                                         gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim), begin,
+  std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
+  auto [key, value] = m.expand_key_value(parts[0], parts[1], begin,
                                          begin + plan_.compute_heads());                     // [B,S,Hc,*]
   return {q, key, value};
 }

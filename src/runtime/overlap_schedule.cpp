@@ -91,8 +91,9 @@ ScheduledInputs overlapped_expanded_inputs(const ScheduleContext& ctx, const Loc
     auto [weight, bias] = m.kv_up_rows(0, heads);
     at::Tensor kv = at::linear(latents.kv_latent, weight, bias);
     kv = kv.view({kv.size(0), kv.size(1), heads, c.qk_nope_head_dim + c.v_head_dim});  // [B,S_l,H,Dn+Dv]
-    key_nope = kv.narrow(-1, 0, c.qk_nope_head_dim);
-    value = kv.narrow(-1, c.qk_nope_head_dim, c.v_head_dim);
+    std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_nope_head_dim, c.v_head_dim}, -1);
+    key_nope = parts[0];
+    value = parts[1];
   }
   key_nope = launch_and_carry(group, value, key_nope, v);  // V flies while K is built
   {
@@ -172,7 +173,8 @@ ScheduledInputs overlapped_expanded_hybrid_inputs(const ScheduleContext& ctx, co
     at::Tensor local = launch_reduce_scatter_seq(gather_group, g[0], "dkv_gather").wait_one();
     return launch_head_to_seq(ulysses, local, "dkv").wait();
   })[0];
-  return {q_heads, kv_all.narrow(-1, 0, c.qk_head_dim()), kv_all.narrow(-1, c.qk_head_dim(), c.v_head_dim), {}};
+  std::vector<at::Tensor> parts = kv_all.split_with_sizes({c.qk_head_dim(), c.v_head_dim}, -1);
+  return {q_heads, parts[0], parts[1], {}};
 }
 
 ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
@@ -234,7 +236,9 @@ ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const Local
         at::Tensor d_weight, d_bias;
         if (needs_weight) {
           ComputeSpan span(tl, "kv_b_proj_wgrad");
-          d_weight = latent_saved.reshape({-1, latent_saved.size(-1)}).t().mm(d_kv).t().to(weight_saved.scalar_type());
+          // [out, Rkv] = d_kv^T latent: contiguous like the weight (a transposed result would be
+          // copied again when accumulated).
+          d_weight = d_kv.t().mm(latent_saved.reshape({-1, latent_saved.size(-1)})).to(weight_saved.scalar_type());
         }
         if (needs_bias) d_bias = d_kv.sum(0).to(weight_saved.scalar_type());
         at::Tensor d_local;
@@ -346,7 +350,7 @@ at::Tensor overlapped_projection(const ScheduleContext& ctx, const RestoredOutpu
     if (needs_gate) d_gate = d_projected * restored_saved;  // overlaps dO
     if (needs_weight) {
       ComputeSpan span(tl, "o_proj_wgrad");  // overlaps dO
-      d_weight = projected.reshape({-1, projected.size(-1)}).t().mm(d_y).t().to(weight_saved.scalar_type());
+      d_weight = d_y.t().mm(projected.reshape({-1, projected.size(-1)})).to(weight_saved.scalar_type());
     }
     if (needs_bias) d_bias = d_y.sum(0).to(weight_saved.scalar_type());
     std::vector<at::Tensor> out{d_act, d_weight};

@@ -668,6 +668,44 @@ TEST(CollectivesLink, WireSecondsAreRecorded) {
   }, kRunTimeout));
 }
 
+// One link per process: transfers queue behind the ones launched before them.
+TEST(CollectivesLink, BookingQueuesTransfersBehindEachOther) {
+  LinkModel link;
+  link.bandwidth_bytes_per_second = 1e6;  // 1 byte per microsecond
+  link.latency_seconds = 1e-3;
+  const auto t0 = Clock::now();
+  const auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - t0).count(); };
+  auto [s1, d1] = link.book(t0, 2000);
+  EXPECT_NEAR(us(s1), 0.0, 1e-3);
+  EXPECT_NEAR(us(d1), 3000.0, 1e-3);
+  // Launched while the first is on the link: starts when it is done.
+  auto [s2, d2] = link.book(t0 + std::chrono::microseconds(500), 1000);
+  EXPECT_NEAR(us(s2), 3000.0, 1e-3);
+  EXPECT_NEAR(us(d2), 5000.0, 1e-3);
+  // Launched after the link went idle: starts at its launch.
+  auto [s3, d3] = link.book(t0 + std::chrono::microseconds(9000), 0);
+  EXPECT_NEAR(us(s3), 9000.0, 1e-3);
+  EXPECT_NEAR(us(d3), 10000.0, 1e-3);
+}
+
+TEST(CollectivesLink, ConcurrentTransfersShareTheLink) {
+  EXPECT_TRUE(run_ranks(2, [](int rank, int world, const std::string& store) {
+    GroupOptions options = fast_options();
+    options.link.bandwidth_bytes_per_second = 1e6;
+    auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, options);
+    at::Tensor x = at::ones({1, 100, 4, 125});  // 100 KB sent by each rank: 0.1 s on this link
+    const double one = groups.link->transfer_seconds(x.numel() * 4 / 2);
+    barrier(groups.world);
+    const auto start = Clock::now();
+    AsyncHandle a = launch_seq_to_head(groups.cp, x, "k");
+    AsyncHandle b = launch_seq_to_head(groups.cp, x, "v");
+    b.wait();
+    EXPECT_GE(std::chrono::duration<double>(Clock::now() - start).count(), 2 * one - 1e-3)
+        << "the second transfer waits for the first";
+    a.wait();
+  }, kRunTimeout));
+}
+
 INSTANTIATE_TEST_SUITE_P(World, Collectives, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return "world" + std::to_string(info.param); });
 

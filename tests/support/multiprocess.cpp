@@ -1,4 +1,5 @@
 #include "support/multiprocess.h"
+#include "core/threads.h"
 
 #include <signal.h>
 #include <sys/types.h>
@@ -38,7 +39,7 @@ std::string unique_store_path() {
 [[noreturn]] void run_child(int rank, int world_size, const std::string& path, const RankBody& body) {
   int code = 0;
   try {
-    at::set_num_threads(1);
+    mlacp::set_intra_op_threads(1);
     body(rank, world_size, path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] exception: %s\n", rank, e.what());
