@@ -55,11 +55,13 @@ struct BenchArgs {
   int nproc = 2;
   std::vector<std::string> strategies;
   int64_t ulysses = 0;
-  int64_t seq = 2048, batch = 1, hidden = 512, heads = 8, q_rank = 128, kv_rank = 128;
-  int64_t nope = 32, rope = 16, value = 32;
+  // Default case: DeepSeek-V3's attention dims (q rank 1536, kv rank 512, nope 128, rope 64,
+  // value 128) with 16 heads and hidden 1024, so a step takes a fraction of a second here.
+  int64_t seq = 512, batch = 1, hidden = 1024, heads = 16, q_rank = 1536, kv_rank = 512;
+  int64_t nope = 128, rope = 64, value = 128;
   bool gate = false;
   std::string dtype = "float32";
-  int steps = 5, warmup = 1;
+  int steps = 21, warmup = 3;
   double bandwidth_gbps = 0.0, latency_us = 0.0;
   bool auto_link = false;
   double transfer_fraction = 0.5;

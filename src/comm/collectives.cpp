@@ -193,10 +193,23 @@ AsyncHandle finished(const CommGroup& group, const std::string& label, Collectiv
   return AsyncHandle(std::move(state));
 }
 
-// Equal-split all-to-all of send [G, ...] (contiguous) into a new receive buffer [G, ...].
-c10::intrusive_ptr<c10d::Work> all_to_all(const CommGroup& group, at::Tensor& send, at::Tensor& receive) {
-  at::Tensor send_wire = wire_view(send), receive_wire = wire_view(receive);
-  std::vector<int64_t> out_splits, in_splits;  // empty = equal splits (the backend may move them)
+// Block layout of an all-to-all that leaves this rank's own block out of the backend: buffers are
+// [G, ...] with the other ranks' blocks first, in rank order, and this rank's block last. The
+// backend moves rows [0, G-1); the own block is written straight to where it is read from (the
+// backend would otherwise copy it on its own thread, competing with the compute it overlaps).
+struct BlockRows {
+  int64_t rank, size;
+  int64_t row_of(int64_t peer) const { return peer == rank ? size - 1 : (peer < rank ? peer : peer - 1); }
+};
+
+// All-to-all of rows [0, G-1) of send into rows [0, G-1) of receive (both [G, ...], contiguous,
+// in BlockRows layout): one row to and from each other rank.
+c10::intrusive_ptr<c10d::Work> all_to_all_others(const CommGroup& group, at::Tensor& send, at::Tensor& receive) {
+  const int64_t g = group.size();
+  at::Tensor send_wire = wire_view(send).narrow(0, 0, g - 1), receive_wire = wire_view(receive).narrow(0, 0, g - 1);
+  std::vector<int64_t> splits(g, 1);
+  splits[group.rank()] = 0;
+  std::vector<int64_t> out_splits = splits, in_splits = splits;  // the backend may move them
   return group.impl().backend->alltoall_base(receive_wire, send_wire, out_splits, in_splits);
 }
 
@@ -238,21 +251,29 @@ AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<
   if (g == 1) {
     return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
   }
-  // send [G(dest), B, S_l, Hc, sum D]: head block j goes to rank j; one copy, contiguous.
+  // send [G(dest), B, S_l, Hc, sum D] in BlockRows layout: head block j goes to rank j; this
+  // rank's own block goes straight into its receive row.
+  const BlockRows rows{group.rank(), g};
   at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
+  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, Hc, sum D], BlockRows layout
   int64_t offset = 0;
   for (const auto& x : xs) {
-    send.narrow(-1, offset, x.size(3)).copy_(x.view({b, s, g, hc, x.size(3)}).permute({2, 0, 1, 3, 4}));
+    at::Tensor blocks = x.view({b, s, g, hc, x.size(3)});
+    for (int64_t j = 0; j < g; ++j) {
+      at::Tensor target = j == rows.rank ? receive[g - 1] : send[rows.row_of(j)];
+      target.narrow(-1, offset, x.size(3)).copy_(blocks.select(2, j));
+    }
     offset += x.size(3);
   }
-  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, Hc, sum D]
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
-  state->work = all_to_all(group, send, receive);
+  state->work = all_to_all_others(group, send, receive);
   state->buffers = {send, receive};
-  state->finish = [receive, split, b, g, s, hc, width] {
+  state->finish = [receive, split, rows] {
     // [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]: tokens in source-rank order.
-    return split(receive.permute({1, 0, 2, 3, 4}).reshape({b, g * s, hc, width}));
+    std::vector<at::Tensor> by_source;
+    for (int64_t j = 0; j < rows.size; ++j) by_source.push_back(receive[rows.row_of(j)]);
+    return split(at::cat(by_source, 1));
   };
   return AsyncHandle(std::move(state));
 }
@@ -284,21 +305,29 @@ AsyncHandle launch_head_to_seq_packed(const CommGroup& group, const std::vector<
   if (g == 1) {
     return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
   }
-  // send [G(dest = token owner), B, S_l, Hc, sum D]
+  // send [G(dest = token owner), B, S_l, Hc, sum D] in BlockRows layout (own block straight
+  // into its receive row)
+  const BlockRows rows{group.rank(), g};
   at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
+  at::Tensor receive = at::empty_like(send);  // [G(source = head block), B, S_l, Hc, sum D], BlockRows layout
   int64_t offset = 0;
   for (const auto& x : xs) {
-    send.narrow(-1, offset, x.size(3)).copy_(x.view({b, g, s, hc, x.size(3)}).permute({1, 0, 2, 3, 4}));
+    at::Tensor blocks = x.view({b, g, s, hc, x.size(3)});
+    for (int64_t j = 0; j < g; ++j) {
+      at::Tensor target = j == rows.rank ? receive[g - 1] : send[rows.row_of(j)];
+      target.narrow(-1, offset, x.size(3)).copy_(blocks.select(1, j));
+    }
     offset += x.size(3);
   }
-  at::Tensor receive = at::empty_like(send);  // [G(source = head block), B, S_l, Hc, sum D]
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
-  state->work = all_to_all(group, send, receive);
+  state->work = all_to_all_others(group, send, receive);
   state->buffers = {send, receive};
-  state->finish = [receive, widths, b, g, s, hc, width] {
+  state->finish = [receive, widths, rows] {
     // [G, B, S_l, Hc, W] -> [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
-    at::Tensor restored = receive.permute({1, 2, 0, 3, 4}).reshape({b, s, g * hc, width});
+    std::vector<at::Tensor> by_source;
+    for (int64_t j = 0; j < rows.size; ++j) by_source.push_back(receive[rows.row_of(j)]);
+    at::Tensor restored = at::cat(by_source, 2);
     std::vector<at::Tensor> parts;
     int64_t off = 0;
     for (int64_t w : widths) {
@@ -351,14 +380,25 @@ AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& 
   const bool widen = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;  // accumulate in float32
   std::vector<int64_t> split_shape{x.size(0), g, x.size(1) / g};
   for (int64_t d = 2; d < x.dim(); ++d) split_shape.push_back(x.size(d));
-  // send [G(dest), B, S_l, ...]: block j of the sequence goes to rank j.
-  at::Tensor send = owned_contiguous(x.reshape(split_shape).transpose(0, 1).to(widen ? at::kFloat : out_dtype), x);
-  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, ...]
+  // send [G(dest), B, S_l, ...] in BlockRows layout: block j of the sequence goes to rank j; this
+  // rank's own block goes straight into its receive row.
+  const BlockRows rows{group.rank(), g};
+  at::Tensor blocks = x.reshape(split_shape);  // [B, G, S_l, ...]
+  std::vector<int64_t> buffer_shape{g, x.size(0), x.size(1) / g};
+  for (int64_t d = 2; d < x.dim(); ++d) buffer_shape.push_back(x.size(d));
+  at::Tensor send = at::empty(buffer_shape, x.options().dtype(widen ? at::kFloat : out_dtype));
+  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, ...], BlockRows layout
+  for (int64_t j = 0; j < g; ++j) (j == rows.rank ? receive[g - 1] : send[rows.row_of(j)]).copy_(blocks.select(1, j));
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::reduce_scatter);
-  state->work = all_to_all(group, send, receive);
+  state->work = all_to_all_others(group, send, receive);
   state->buffers = {send, receive};
-  state->finish = [receive, out_dtype] { return std::vector<at::Tensor>{receive.sum(0).to(out_dtype)}; };
+  state->finish = [receive, out_dtype, rows] {
+    // Summed in source-rank order.
+    at::Tensor total = receive[rows.row_of(0)].clone();
+    for (int64_t j = 1; j < rows.size; ++j) total.add_(receive[rows.row_of(j)]);
+    return std::vector<at::Tensor>{total.to(out_dtype)};
+  };
   return AsyncHandle(std::move(state));
 }
 
