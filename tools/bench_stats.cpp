@@ -81,4 +81,45 @@ double bandwidth_for_fraction(const std::set<std::string>& labels, const LabelTi
   return needed;
 }
 
+double transfer_duration_us(const std::string& label, bool overlapped, const LinkTime& link,
+                            const std::vector<StepSample>& off, const std::vector<StepSample>& on) {
+  const auto& bytes = (overlapped ? on : off).front().bytes;
+  auto b = bytes.find(label);
+  if (b == bytes.end()) return 0.0;
+  if (link) return link(b->second);
+  const LabelTimes off_exposed = median_by_label(off, &StepSample::exposed_us);
+  if (!overlapped) return off_exposed.count(label) ? off_exposed.at(label) : 0.0;
+  return exposed_without_overlap_us({label}, off_exposed, off.front().bytes, on.front().bytes);
+}
+
+OverlapSummary summarize_overlap(const std::vector<StepSample>& off, const std::vector<StepSample>& on,
+                                 const std::set<std::string>& labels, const LinkTime& link) {
+  OverlapSummary r;
+  if (off.empty() || on.empty()) return r;
+  const auto& on_bytes = on.front().bytes;
+  const LabelTimes on_exposed = median_by_label(on, &StepSample::exposed_us);
+  const LabelTimes on_under = median_by_label(on, &StepSample::compute_under_us);
+  for (const auto& label : labels) {
+    if (!on_bytes.count(label)) continue;
+    const double d = transfer_duration_us(label, true, link, off, on);
+    r.comm_us += d;
+    auto under = on_under.find(label);
+    if (under != on_under.end() && under->second > 0)
+      r.max_transfer_to_compute = std::max(r.max_transfer_to_compute, d / under->second);
+  }
+  // A transfer queued on the link behind overlapped ones waits longer than its own duration: that
+  // excess is theirs too.
+  if (link) {
+    for (const auto& [label, us] : on_exposed)
+      if (!labels.count(label) && on_bytes.count(label))
+        r.queued_us += std::max(0.0, us - transfer_duration_us(label, true, link, off, on));
+  }
+  r.exposed_on_us = sum(on_exposed, &labels) + r.queued_us;
+  r.exposed_off_us = exposed_without_overlap_us(labels, median_by_label(off, &StepSample::exposed_us),
+                                                off.front().bytes, on_bytes);
+  r.saved_us = median_step_us(off) - median_step_us(on);
+  r.paired_saved_us = median_paired_saving_us(off, on);
+  return r;
+}
+
 }  // namespace mlacp::tools

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -51,5 +52,31 @@ double exposed_without_overlap_us(const std::set<std::string>& labels, const Lab
 // computation placed under it, the tightest one exactly that. 0 when no label has both.
 double bandwidth_for_fraction(const std::set<std::string>& labels, const LabelTimes& compute_under_us,
                               const std::map<std::string, int64_t>& bytes, double fraction);
+
+// The link's time for a transfer of `bytes`, in microseconds; empty when there is no link.
+using LinkTime = std::function<double(int64_t bytes)>;
+
+// A transfer's duration: the link's time for its bytes; with no link, what it cost exposed with
+// overlap off (a transfer of the overlapped schedule: its share of the plain exchange).
+double transfer_duration_us(const std::string& label, bool overlapped, const LinkTime& link,
+                            const std::vector<StepSample>& off, const std::vector<StepSample>& on);
+
+// What overlap did for the transfers `labels` the schedule places under computation, from the
+// timed steps of both modes (taken in alternation).
+struct OverlapSummary {
+  double comm_us = 0;            // their summed duration
+  double exposed_on_us = 0;      // their exposure with overlap on, queued_us included
+  double queued_us = 0;          // other transfers' waits beyond their own duration (queued behind them)
+  double exposed_off_us = 0;     // their exposure with overlap off
+  double saved_us = 0;           // median step off - median step on
+  double paired_saved_us = 0;    // median of per-step differences
+  double max_transfer_to_compute = 0;  // the largest duration / computation placed under it
+  double hidden_percent() const { return comm_us > 0 ? 100.0 * (1.0 - exposed_on_us / comm_us) : 100.0; }
+  double saved_percent() const { return exposed_off_us > 0 ? 100.0 * saved_us / exposed_off_us : 0.0; }
+  // Issue 4's acceptance: at least 90% hidden, and at least 80% of the exposed-off time saved.
+  bool met() const { return hidden_percent() >= 90.0 && saved_percent() >= 80.0; }
+};
+OverlapSummary summarize_overlap(const std::vector<StepSample>& off, const std::vector<StepSample>& on,
+                                 const std::set<std::string>& labels, const LinkTime& link);
 
 }  // namespace mlacp::tools

@@ -275,26 +275,16 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     const double formula_kb =
         (v.forward_all_to_all + v.forward_output + v.forward_all_gather + v.backward_all_to_all) * es / 1024.0 +
         v.backward_reduce * (bf16 ? 4 : es) / 1024.0;
-    const LabelTimes off_exposed = median_by_label(off, &StepSample::exposed_us);
-    const auto& off_bytes = off.front().bytes;
-    const auto& on_bytes = on.front().bytes;
-    // A transfer's duration: the link's time for its bytes; with no link, its exposure with
-    // overlap off (for a transfer of the overlapped schedule: its share of the plain exchange).
-    auto duration_us = [&](const std::string& label, const std::map<std::string, int64_t>& bytes, bool overlapped) {
-      if (link.enabled()) return 1e6 * link.transfer_seconds(bytes.at(label));
-      if (!overlapped) return off_exposed.count(label) ? off_exposed.at(label) : 0.0;
-      return exposed_without_overlap_us({label}, off_exposed, off_bytes, on_bytes);
-    };
-    double mode_step_ms[2] = {0, 0};
+    LinkTime link_us;
+    if (link.enabled()) link_us = [link](int64_t bytes) { return 1e6 * link.transfer_seconds(bytes); };
     for (int overlap = 0; overlap < 2; ++overlap) {
       const auto& steps = pair[overlap];
       const auto& bytes = steps.front().bytes;
       const LabelTimes exposed = median_by_label(steps, &StepSample::exposed_us);
       const LabelTimes blocked = median_by_label(steps, &StepSample::blocked_us);
       double comm_us = 0;
-      for (const auto& [label, b] : bytes) comm_us += duration_us(label, bytes, overlap == 1);
+      for (const auto& [label, b] : bytes) comm_us += transfer_duration_us(label, overlap == 1, link_us, off, on);
       const double step_ms = median_step_us(steps) / 1000.0, exposed_ms = sum(exposed) / 1000.0;
-      mode_step_ms[overlap] = step_ms;
       const double comm_ms = comm_us / 1000.0;
       const double fraction = comm_ms > 0 ? exposed_ms / comm_ms : 0.0;
       table.add({strategy_name(s), overlap ? "on" : "off",
@@ -316,41 +306,22 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                       {"bytes_by_label", bytes}});
     }
     // The transfers the schedule places under computation.
-    const LabelTimes on_exposed = median_by_label(on, &StepSample::exposed_us);
-    const LabelTimes on_under = median_by_label(on, &StepSample::compute_under_us);
-    double their_comm_us = 0, worst_ratio = 0;
-    for (const auto& label : labels) {
-      if (!on_bytes.count(label)) continue;
-      const double d = duration_us(label, on_bytes, true);
-      their_comm_us += d;
-      if (on_under.count(label) && on_under.at(label) > 0) worst_ratio = std::max(worst_ratio, d / on_under.at(label));
-    }
-    // A transfer queued on the link behind overlapped ones waits longer than its own duration:
-    // that excess is theirs too.
-    double queued_us = 0;
-    if (link.enabled()) {
-      for (const auto& [label, us] : on_exposed)
-        if (!labels.count(label) && on_bytes.count(label))
-          queued_us += std::max(0.0, us - duration_us(label, on_bytes, true));
-    }
-    const double their_exposed_us = sum(on_exposed, &labels) + queued_us;
-    const double exposed_off_us = exposed_without_overlap_us(labels, off_exposed, off_bytes, on_bytes);
-    const double saved_ms = mode_step_ms[0] - mode_step_ms[1];
-    const double paired_ms = median_paired_saving_us(off, on) / 1000.0;
-    const double hidden = their_comm_us > 0 ? 100.0 * (1.0 - their_exposed_us / their_comm_us) : 100.0;
-    const double saved_pct = exposed_off_us > 0 ? 100.0 * saved_ms * 1000.0 / exposed_off_us : 0.0;
-    const bool met = hidden >= 90.0 && saved_pct >= 80.0;
+    const OverlapSummary o = summarize_overlap(off, on, labels, link_us);
+    const bool met = o.met();
     all_met = all_met && met;
-    criteria.add({strategy_name(s), joined(labels), fixed(worst_ratio, 2), fixed(their_comm_us / 1000.0, 2),
-                  fixed(their_exposed_us / 1000.0, 2), fixed(hidden, 1), fixed(exposed_off_us / 1000.0, 2),
-                  fixed(saved_ms, 2), fixed(saved_pct, 1), fixed(paired_ms, 2), met ? "yes" : "no"});
+    criteria.add({strategy_name(s), joined(labels), fixed(o.max_transfer_to_compute, 2), fixed(o.comm_us / 1000.0, 2),
+                  fixed(o.exposed_on_us / 1000.0, 2), fixed(o.hidden_percent(), 1), fixed(o.exposed_off_us / 1000.0, 2),
+                  fixed(o.saved_us / 1000.0, 2), fixed(o.saved_percent(), 1), fixed(o.paired_saved_us / 1000.0, 2),
+                  met ? "yes" : "no"});
     rows.push_back({{"strategy", strategy_name(s)}, {"overlapped_labels", joined(labels)},
                     {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_second},
-                    {"max_transfer_to_compute_ratio", worst_ratio}, {"overlapped_comm_ms", their_comm_us / 1000.0},
-                    {"overlapped_exposed_ms", their_exposed_us / 1000.0},
-                    {"queued_behind_overlapped_ms", queued_us / 1000.0}, {"overlapped_hidden_percent", hidden},
-                    {"overlapped_exposed_off_ms", exposed_off_us / 1000.0}, {"step_saved_ms", saved_ms},
-                    {"step_saved_percent_of_exposed_off", saved_pct}, {"paired_step_saved_ms", paired_ms},
+                    {"max_transfer_to_compute_ratio", o.max_transfer_to_compute},
+                    {"overlapped_comm_ms", o.comm_us / 1000.0}, {"overlapped_exposed_ms", o.exposed_on_us / 1000.0},
+                    {"queued_behind_overlapped_ms", o.queued_us / 1000.0},
+                    {"overlapped_hidden_percent", o.hidden_percent()},
+                    {"overlapped_exposed_off_ms", o.exposed_off_us / 1000.0}, {"step_saved_ms", o.saved_us / 1000.0},
+                    {"step_saved_percent_of_exposed_off", o.saved_percent()},
+                    {"paired_step_saved_ms", o.paired_saved_us / 1000.0},
                     {"criteria_met", met}});
   }
   if (lead) {

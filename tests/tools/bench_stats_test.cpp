@@ -66,5 +66,53 @@ TEST(BenchStats, BandwidthMakesTheTightestTransferTakeTheFraction) {
   EXPECT_DOUBLE_EQ(bandwidth_for_fraction({"absent"}, under, bytes, 0.5), 0.0);
 }
 
+// Plain: one packed qkv exchange (q 400 B, k 400 B, v 200 B) exposed 100 us each step, steps of
+// 1000 us. Overlapped: k and v hidden under 300 us of compute each, q exposed 40 us, steps 930 us.
+std::vector<StepSample> plain_steps() {
+  std::vector<StepSample> v;
+  for (double step_us : {1000.0, 1010.0, 990.0}) v.push_back(step(step_us, {{"qkv", 100.0}}, {}, {{"qkv", 1000}}));
+  return v;
+}
+std::vector<StepSample> overlapped_steps(double k_exposed_us) {
+  std::vector<StepSample> v;
+  for (double step_us : {930.0, 940.0, 920.0})
+    v.push_back(step(step_us, {{"q", 40.0}, {"k", k_exposed_us}, {"v", 0.0}}, {{"q", 1.0}, {"k", 300.0}, {"v", 300.0}},
+                     {{"q", 400}, {"k", 400}, {"v", 200}}));
+  return v;
+}
+
+TEST(BenchStats, OverlapSummaryWithALink) {
+  const LinkTime link = [](int64_t bytes) { return 0.25 * static_cast<double>(bytes); };  // 4 B per us
+  const OverlapSummary o = summarize_overlap(plain_steps(), overlapped_steps(0.0), {"k", "v"}, link);
+  EXPECT_DOUBLE_EQ(o.comm_us, 150.0);                  // 100 + 50 us on the link
+  EXPECT_DOUBLE_EQ(o.max_transfer_to_compute, 100.0 / 300.0);
+  EXPECT_DOUBLE_EQ(o.queued_us, 0.0);                  // q waited 40 us <= its own 100 us
+  EXPECT_DOUBLE_EQ(o.exposed_on_us, 0.0);
+  EXPECT_DOUBLE_EQ(o.hidden_percent(), 100.0);
+  EXPECT_DOUBLE_EQ(o.exposed_off_us, 60.0);            // 600 of the 1000 plain bytes
+  EXPECT_DOUBLE_EQ(o.saved_us, 70.0);                  // 1000 - 930
+  EXPECT_DOUBLE_EQ(o.paired_saved_us, 70.0);
+  EXPECT_NEAR(o.saved_percent(), 116.67, 0.01);
+  EXPECT_TRUE(o.met());
+}
+
+TEST(BenchStats, OverlapSummaryCountsExposureAndQueueingAgainstTheOverlappedTransfers) {
+  const LinkTime link = [](int64_t bytes) { return 0.25 * static_cast<double>(bytes); };
+  std::vector<StepSample> on = overlapped_steps(30.0);
+  for (auto& s : on) s.exposed_us["q"] = 130.0;  // 30 us beyond q's own 100 us: queued behind k / v
+  const OverlapSummary o = summarize_overlap(plain_steps(), on, {"k", "v"}, link);
+  EXPECT_DOUBLE_EQ(o.queued_us, 30.0);
+  EXPECT_DOUBLE_EQ(o.exposed_on_us, 60.0);
+  EXPECT_DOUBLE_EQ(o.hidden_percent(), 60.0);
+  EXPECT_FALSE(o.met());
+}
+
+TEST(BenchStats, WithoutALinkDurationsAreTheExposureWithOverlapOff) {
+  const OverlapSummary o = summarize_overlap(plain_steps(), overlapped_steps(0.0), {"k", "v"}, LinkTime{});
+  EXPECT_DOUBLE_EQ(o.comm_us, 60.0);  // k 40 + v 20: their shares of the plain 100 us
+  EXPECT_DOUBLE_EQ(transfer_duration_us("qkv", false, LinkTime{}, plain_steps(), overlapped_steps(0.0)), 100.0);
+  EXPECT_DOUBLE_EQ(o.queued_us, 0.0);  // no link: nothing is counted as queued
+}
+
 }  // namespace
 }  // namespace mlacp::tools
