@@ -1,0 +1,196 @@
+// Blockwise attention GEMM: micro-kernels (portable, AVX-512 float32, AVX-512-BF16), the gemm<P>
+// driver that tiles C over them (instantiated per path), and the AVX-512 row helpers.
+#include "kernels/blockwise_gemm.h"
+
+namespace mlacp::blockwise_detail {
+
+#if MLACP_X86
+MLACP_AVX512BF16 void f32_to_bf16_avx512(const float* src, int64_t n, c10::BFloat16* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(h));
+  }
+  for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
+}
+
+// dst[2n + h] = row_h[n] for n < w (row1 may be null: zeros; columns ≥ valid: zeros).
+MLACP_AVX512BF16 void interleave_rows_bf16(const c10::BFloat16* row0, const c10::BFloat16* row1, int64_t valid,
+                                           int64_t w, c10::BFloat16* dst) {
+  const __m512i idx = _mm512_load_si512(kInterleave16);
+  for (int64_t n = 0; n < w; n += 16) {
+    const int64_t take = std::max<int64_t>(0, std::min<int64_t>(16, valid - n));
+    const __mmask16 m = static_cast<__mmask16>((1u << take) - 1);
+    const __m256i a = _mm256_maskz_loadu_epi16(m, row0 + n);
+    const __m256i b = row1 ? _mm256_maskz_loadu_epi16(m, row1 + n) : _mm256_setzero_si256();
+    const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    _mm512_storeu_si512(dst + 2 * n, _mm512_permutexvar_epi16(idx, ab));
+  }
+}
+#endif
+
+namespace {
+
+// Micro-kernels: C[mr × cols] (=|+=) Σ_p A(r, p) · B[p][0..w), cols = (nv−1)·16 + last.
+// A(r, p) at A[r*rs + p*cs] (pair paths: the pair starting there).
+template <class T>
+__attribute__((always_inline)) inline void ukernel_portable_body(int64_t mr, int64_t w, int64_t cols, int64_t k,
+                                                                 const T* a, int64_t rs, int64_t cs, const T* b, T* c,
+                                                                 int64_t ldc, bool accumulate) {
+  T t[kMR][kNR] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    const T* bp = b + p * w;
+    for (int64_t r = 0; r < mr; ++r) {
+      const T ar = a[r * rs + p * cs];
+      for (int64_t n = 0; n < w; ++n) t[r][n] += ar * bp[n];
+    }
+  }
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t n = 0; n < cols; ++n) c[r * ldc + n] = accumulate ? c[r * ldc + n] + t[r][n] : t[r][n];
+}
+
+MLACP_CLONES void ukernel_portable(int64_t mr, int64_t w, int64_t cols, int64_t k, const float* a, int64_t rs,
+                                   int64_t cs, const float* b, float* c, int64_t ldc, bool accumulate) {
+  ukernel_portable_body<float>(mr, w, cols, k, a, rs, cs, b, c, ldc, accumulate);
+}
+MLACP_CLONES void ukernel_portable(int64_t mr, int64_t w, int64_t cols, int64_t k, const double* a, int64_t rs,
+                                   int64_t cs, const double* b, double* c, int64_t ldc, bool accumulate) {
+  ukernel_portable_body<double>(mr, w, cols, k, a, rs, cs, b, c, ldc, accumulate);
+}
+
+#if MLACP_X86
+template <int MR, int NV>
+MLACP_AVX512 void ukernel_f32(int64_t k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb, float* c,
+                              int64_t ldc, int last, bool accumulate) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + p * ldb + v * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * rs + p * cs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  const __mmask16 last_mask = static_cast<__mmask16>((1u << last) - 1);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last_mask : static_cast<__mmask16>(0xFFFF);
+      float* cp = c + r * ldc + v * 16;
+      __m512 x = acc[r][v];
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, cp));
+      _mm512_mask_storeu_ps(cp, m, x);
+    }
+}
+
+inline uint32_t load_pair(const c10::BFloat16* p) {
+  uint32_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+template <int MR, int NV>
+MLACP_AVX512BF16 void ukernel_bf16(int64_t k2, const c10::BFloat16* a, int64_t rs, int64_t cs, const c10::BFloat16* b,
+                                   int64_t ldb, float* c, int64_t ldc, int last, bool accumulate) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k2; ++p) {
+    __m512i bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + p * ldb + v * 32);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512i ar = _mm512_set1_epi32(static_cast<int>(load_pair(a + r * rs + p * cs)));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], reinterpret_cast<const __m512bh&>(ar),
+                                     reinterpret_cast<const __m512bh&>(bv[v]));
+    }
+  }
+  const __mmask16 last_mask = static_cast<__mmask16>((1u << last) - 1);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last_mask : static_cast<__mmask16>(0xFFFF);
+      float* cp = c + r * ldc + v * 16;
+      __m512 x = acc[r][v];
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, cp));
+      _mm512_mask_storeu_ps(cp, m, x);
+    }
+}
+
+using UkF32 = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool);
+using UkBf16 = void (*)(int64_t, const c10::BFloat16*, int64_t, int64_t, const c10::BFloat16*, int64_t, float*, int64_t,
+                        int, bool);
+#define MLACP_UK_ROW(fn, MR) {&fn<MR, 1>, &fn<MR, 2>, &fn<MR, 3>, &fn<MR, 4>}
+const UkF32 kUkF32[kMR][kNV] = {MLACP_UK_ROW(ukernel_f32, 1), MLACP_UK_ROW(ukernel_f32, 2),
+                                MLACP_UK_ROW(ukernel_f32, 3), MLACP_UK_ROW(ukernel_f32, 4)};
+const UkBf16 kUkBf16[kMR][kNV] = {MLACP_UK_ROW(ukernel_bf16, 1), MLACP_UK_ROW(ukernel_bf16, 2),
+                                  MLACP_UK_ROW(ukernel_bf16, 3), MLACP_UK_ROW(ukernel_bf16, 4)};
+#undef MLACP_UK_ROW
+#endif
+
+}  // namespace
+
+// C[M × N] (=|+=) A[M × K] · B (panels). Columns [N, n_store) of C are written too (zeros
+// from B's padding) so score tiles have finite padding lanes; n_store ≤ round_up(N, 16).
+template <class P>
+void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, int64_t cs, const typename P::E* b,
+          typename P::Acc* c, int64_t ldc, bool accumulate, int64_t n_store) {
+  using Acc = typename P::Acc;
+  n_store = std::max(n, n_store);
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n_store, Acc(0));
+    return;
+  }
+  const int64_t ku = P::kPairs ? ceil_div(k, 2) : k;
+  const int64_t unit = P::kPairs ? 2 : 1;
+  for (int64_t n0 = 0; n0 < n; n0 += kNR) {
+    const int64_t w = round_up(std::min(kNR, n - n0), kLanes);
+    const int64_t cols = std::min(w, n_store - n0);
+    const int64_t nv = w / kLanes;
+    const auto* bp = b + (n0 / kNR) * ku * kNR * unit;
+    for (int64_t i = 0; i < m; i += kMR) {
+      const int64_t mr = std::min(kMR, m - i);
+      if constexpr (!P::kAvx) {
+        ukernel_portable(mr, w, cols, ku, a + i * rs, rs, cs, bp, c + i * ldc + n0, ldc, accumulate);
+      } else {
+#if MLACP_X86
+        const int last = static_cast<int>(cols - (nv - 1) * kLanes);
+        if constexpr (P::kPairs)
+          kUkBf16[mr - 1][nv - 1](ku, a + i * rs, rs, cs, bp, w * 2, c + i * ldc + n0, ldc, last, accumulate);
+        else
+          kUkF32[mr - 1][nv - 1](ku, a + i * rs, rs, cs, bp, w, c + i * ldc + n0, ldc, last, accumulate);
+#endif
+      }
+    }
+  }
+}
+
+// One instantiation per path that dispatch_path (blockwise_attention.cpp) can run.
+#define MLACP_GEMM(P)                                                                                          \
+  template void gemm<P>(int64_t, int64_t, int64_t, const P::E*, int64_t, int64_t, const P::E*, P::Acc*, int64_t, \
+                        bool, int64_t);
+MLACP_GEMM(F64Portable)
+MLACP_GEMM(F32Portable)
+#if MLACP_X86
+MLACP_GEMM(F32Avx512)
+MLACP_GEMM(Bf16Avx512)
+#endif
+#undef MLACP_GEMM
+
+}  // namespace mlacp::blockwise_detail
