@@ -61,7 +61,7 @@ struct BenchArgs {
   int64_t nope = 128, rope = 64, value = 128;
   bool gate = false;
   std::string dtype = "float32";
-  int steps = 21, warmup = 3;
+  int steps = 31, warmup = 3;
   double bandwidth_gbps = 0.0, latency_us = 0.0;
   bool auto_link = false;
   double transfer_fraction = 0.5;
