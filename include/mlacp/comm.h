@@ -119,7 +119,8 @@ AsyncHandle launch_all_gather_seq(const CommGroup& group, const at::Tensor& x, c
 AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& x, const std::string& label);
 // All-reduce (sum), any shape; bf16/fp16 accumulate in float32. Returns a new tensor.
 AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, const std::string& label);
-// All-reduce (max) of doubles, waited at once: for error reports and agreement checks.
+// All-reduce (max / min) of doubles, waited at once: for error reports, agreement checks and
+// combining per-rank measurements.
 std::vector<double> all_reduce_max(const CommGroup& group, const std::vector<double>& values);
 std::vector<double> all_reduce_min(const CommGroup& group, const std::vector<double>& values);
 // Exchanges one uint64 per rank (e.g. plan fingerprints): returns every rank's value.

@@ -440,6 +440,7 @@ TEST_P(Collectives, GroupsOfSizeOneMoveAndCountNothing) {
       EXPECT_TRUE(at::equal(launch_all_reduce_sum(*g, x, "f").wait_one(), x));
       EXPECT_EQ(all_gather_u64(*g, 42), (std::vector<uint64_t>{42}));
       EXPECT_EQ(all_reduce_max(*g, {1.5, -2.0}), (std::vector<double>{1.5, -2.0}));
+      EXPECT_EQ(all_reduce_min(*g, {1.5, -2.0}), (std::vector<double>{1.5, -2.0}));
       barrier(*g);
     }
     EXPECT_EQ(groups.counters->total_bytes(), 0);
@@ -466,6 +467,8 @@ TEST_P(Collectives, AllReduceMaxAndAllGatherU64AndBarrier) {
     auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, fast_options());
     std::vector<double> maxima = all_reduce_max(groups.world, {double(rank), -double(rank), rank == 1 ? 7.5 : 0.0});
     EXPECT_EQ(maxima, (std::vector<double>{double(world - 1), 0.0, 7.5}));
+    std::vector<double> minima = all_reduce_min(groups.world, {double(rank), -double(rank), rank == 1 ? -7.5 : 0.0});
+    EXPECT_EQ(minima, (std::vector<double>{0.0, -double(world - 1), -7.5}));
     std::vector<uint64_t> expected;
     for (int r = 0; r < world; ++r) expected.push_back(0xF000000000000000ull + r);
     EXPECT_EQ(all_gather_u64(groups.world, 0xF000000000000000ull + rank), expected);
