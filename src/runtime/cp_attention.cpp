@@ -9,6 +9,8 @@
 //   --head->seq (U)--> [B,S_l,H*Dv] --> gate, o_proj (row-parallel sum over TP)
 #include "runtime/cp_attention.h"
 
+#include <tuple>
+
 #include <ATen/ATen.h>
 
 #include "core/format.h"
@@ -45,7 +47,11 @@ CpAttentionCore::Rows CpAttentionCore::rows_for(int64_t seq_len, const at::Devic
 ScheduledInputs CpAttentionCore::expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
                                                                   const at::Tensor& query, const at::Tensor& key_rope) {
   const MlaConfig& c = m.config();
-  auto [key, value] = m.expand_key_value(latents.kv_latent, key_rope, 0, m.local_heads());  // [B,S_l,H,*]
+  at::Tensor key, value;
+  {
+    ComputeSpan span(groups_.timeline.get(), "kv_b_proj");  // same span names as the overlap schedules
+    std::tie(key, value) = m.expand_key_value(latents.kv_latent, key_rope, 0, m.local_heads());  // [B,S_l,H,*]
+  }
   std::vector<at::Tensor> qkv = seq_to_head(groups_.ulysses, {query, key, value}, "qkv");    // [B,U*S_l,Hc,*]
   ScheduledInputs in{qkv[0], qkv[1], qkv[2], {}};
   if (plan_.all_gather() > 1) {
@@ -65,8 +71,8 @@ ScheduledInputs CpAttentionCore::latent_inputs(MlaAttentionImpl& m, const LocalL
   at::Tensor gathered = all_gather_seq(groups_.cp, payload, "latent");                       // [B,S,Rkv+Dr]
   const int64_t begin = plan_.head_begin(groups_.cp_rank);
   std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
-  auto [key, value] = m.expand_key_value(parts[0], parts[1], begin,
-                                         begin + plan_.compute_heads());                     // [B,S,Hc,*]
+  ComputeSpan span(groups_.timeline.get(), "kv_b_proj");
+  auto [key, value] = m.expand_key_value(parts[0], parts[1], begin, begin + plan_.compute_heads());  // [B,S,Hc,*]
   return {q, key, value};
 }
 
@@ -103,7 +109,11 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
          : plan_.all_gather() == 1    ? overlapped_expanded_inputs(ctx, latents, x, r.rope_positions, key_rope)
                                       : overlapped_expanded_hybrid_inputs(ctx, latents, r.rope_positions, key_rope);
   } else {
-    at::Tensor query = m.expand_query(latents.query_latent, r.rope_positions);  // [B,S_l,H,Dqk]
+    at::Tensor query;
+    {
+      ComputeSpan span(groups_.timeline.get(), "q_b_proj_rope");
+      query = m.expand_query(latents.query_latent, r.rope_positions);  // [B,S_l,H,Dqk]
+    }
     in = expanded ? expanded_inputs(m, latents, query, key_rope) : latent_inputs(m, latents, query, key_rope);
   }
   const Rows rows = rows_for(seq_len, hidden.device());
