@@ -150,14 +150,12 @@ namespace {
 
 constexpr const char* kWhat = "collective";
 
-// A contiguous send buffer that does not alias `source`: inputs are read at launch, so the caller
-// may overwrite them before wait().
-at::Tensor owned_contiguous(const at::Tensor& t, const at::Tensor& source) {
+// A contiguous send buffer that does not alias `t`: inputs are read at launch, so the caller may
+// overwrite them before wait().
+at::Tensor owned_contiguous(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
-  const bool aliases = c.storage().is_alias_of(source.storage());
-  return aliases ? c.clone() : c;
+  return c.storage().is_alias_of(t.storage()) ? c.clone() : c;
 }
-at::Tensor owned_contiguous(const at::Tensor& t) { return owned_contiguous(t, t); }
 
 // 16-bit floats travel as bit copies (Gloo 1.13 has no bf16).
 at::Tensor wire_view(const at::Tensor& t) {
@@ -213,6 +211,31 @@ c10::intrusive_ptr<c10d::Work> all_to_all_others(const CommGroup& group, at::Ten
   return group.impl().backend->alltoall_base(receive_wire, send_wire, out_splits, in_splits);
 }
 
+// Copies block j of every tensor in `blocked` (blocks along `block_dim`) into the row of rank j:
+// send's row for the other ranks, receive's last row for this rank; the tensors sit side by side
+// along the last dim (packed exchanges).
+void pack_blocks(const std::vector<at::Tensor>& blocked, int64_t block_dim, const BlockRows& rows, at::Tensor& send,
+                 at::Tensor& receive) {
+  int64_t offset = 0;
+  for (const auto& x : blocked) {
+    const int64_t width = x.size(-1);
+    for (int64_t j = 0; j < rows.size; ++j) {
+      at::Tensor target = j == rows.rank ? receive[rows.size - 1] : send[rows.row_of(j)];
+      target.narrow(-1, offset, width).copy_(x.select(block_dim, j));
+    }
+    offset += width;
+  }
+}
+
+// The received blocks in source-rank order, concatenated along `dim`, split back into the packed
+// tensors' widths.
+std::vector<at::Tensor> unpack_by_source(const at::Tensor& receive, const BlockRows& rows, int64_t dim,
+                                         const std::vector<int64_t>& widths) {
+  std::vector<at::Tensor> by_source;
+  for (int64_t j = 0; j < rows.size; ++j) by_source.push_back(receive[rows.row_of(j)]);
+  return at::cat(by_source, dim).split_with_sizes(widths, -1);
+}
+
 void check_heads_divisible(const CommGroup& group, const at::Tensor& x, const std::string& label) {
   MLACP_REQUIRE(x.dim() == 4, kWhat, "Ulysses exchanges take [B, S, H, D] tensors",
                 {got("label", label), got("shape", shape_text(x))}, "reshape to [batch, seq, heads, dim]");
@@ -239,15 +262,6 @@ AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<
     widths.push_back(x.size(3));
     width += x.size(3);
   }
-  auto split = [widths, b, g, s, hc](const at::Tensor& packed) {  // packed [B, G*S_l, Hc, sum D]
-    std::vector<at::Tensor> parts;
-    int64_t offset = 0;
-    for (int64_t w : widths) {
-      parts.push_back(packed.narrow(-1, offset, w));
-      offset += w;
-    }
-    return parts;
-  };
   if (g == 1) {
     return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
   }
@@ -256,25 +270,15 @@ AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<
   const BlockRows rows{group.rank(), g};
   at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
   at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, Hc, sum D], BlockRows layout
-  int64_t offset = 0;
-  for (const auto& x : xs) {
-    at::Tensor blocks = x.view({b, s, g, hc, x.size(3)});
-    for (int64_t j = 0; j < g; ++j) {
-      at::Tensor target = j == rows.rank ? receive[g - 1] : send[rows.row_of(j)];
-      target.narrow(-1, offset, x.size(3)).copy_(blocks.select(2, j));
-    }
-    offset += x.size(3);
-  }
+  std::vector<at::Tensor> blocked;
+  for (const auto& x : xs) blocked.push_back(x.view({b, s, g, hc, x.size(3)}));
+  pack_blocks(blocked, 2, rows, send, receive);
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
   state->work = all_to_all_others(group, send, receive);
   state->buffers = {send, receive};
-  state->finish = [receive, split, rows] {
-    // [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]: tokens in source-rank order.
-    std::vector<at::Tensor> by_source;
-    for (int64_t j = 0; j < rows.size; ++j) by_source.push_back(receive[rows.row_of(j)]);
-    return split(at::cat(by_source, 1));
-  };
+  // [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]: tokens in source-rank order.
+  state->finish = [receive, rows, widths] { return unpack_by_source(receive, rows, 1, widths); };
   return AsyncHandle(std::move(state));
 }
 
@@ -310,32 +314,15 @@ AsyncHandle launch_head_to_seq_packed(const CommGroup& group, const std::vector<
   const BlockRows rows{group.rank(), g};
   at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
   at::Tensor receive = at::empty_like(send);  // [G(source = head block), B, S_l, Hc, sum D], BlockRows layout
-  int64_t offset = 0;
-  for (const auto& x : xs) {
-    at::Tensor blocks = x.view({b, g, s, hc, x.size(3)});
-    for (int64_t j = 0; j < g; ++j) {
-      at::Tensor target = j == rows.rank ? receive[g - 1] : send[rows.row_of(j)];
-      target.narrow(-1, offset, x.size(3)).copy_(blocks.select(1, j));
-    }
-    offset += x.size(3);
-  }
+  std::vector<at::Tensor> blocked;
+  for (const auto& x : xs) blocked.push_back(x.view({b, g, s, hc, x.size(3)}));
+  pack_blocks(blocked, 1, rows, send, receive);
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
   state->work = all_to_all_others(group, send, receive);
   state->buffers = {send, receive};
-  state->finish = [receive, widths, rows] {
-    // [G, B, S_l, Hc, W] -> [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
-    std::vector<at::Tensor> by_source;
-    for (int64_t j = 0; j < rows.size; ++j) by_source.push_back(receive[rows.row_of(j)]);
-    at::Tensor restored = at::cat(by_source, 2);
-    std::vector<at::Tensor> parts;
-    int64_t off = 0;
-    for (int64_t w : widths) {
-      parts.push_back(restored.narrow(-1, off, w));
-      off += w;
-    }
-    return parts;
-  };
+  // [G, B, S_l, Hc, W] -> [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
+  state->finish = [receive, rows, widths] { return unpack_by_source(receive, rows, 2, widths); };
   return AsyncHandle(std::move(state));
 }
 
@@ -388,7 +375,7 @@ AsyncHandle launch_reduce_scatter_seq(const CommGroup& group, const at::Tensor& 
   for (int64_t d = 2; d < x.dim(); ++d) buffer_shape.push_back(x.size(d));
   at::Tensor send = at::empty(buffer_shape, x.options().dtype(widen ? at::kFloat : out_dtype));
   at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, ...], BlockRows layout
-  for (int64_t j = 0; j < g; ++j) (j == rows.rank ? receive[g - 1] : send[rows.row_of(j)]).copy_(blocks.select(1, j));
+  pack_blocks({blocks}, 1, rows, send, receive);
   const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
   auto state = new_state(group, label, bytes, CollectiveKind::reduce_scatter);
   state->work = all_to_all_others(group, send, receive);
