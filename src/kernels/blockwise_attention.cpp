@@ -248,6 +248,7 @@ struct BackwardIO {
   const void* lse;    // Acc [B·H·Sq]
   const void* delta;  // Acc [B·H·Sq]
   AccMode mode;
+  bool accumulate_kv;  // add to the dK/dV targets' contents instead of overwriting them
   int64_t groups;
   void* dk_part;  // Acc [B·H·G·Sk·Dqk] (partial mode)
   void* dv_part;
@@ -278,9 +279,16 @@ void backward_task(const Plan& p, const BackwardIO& io, int64_t bh, int64_t g, B
     dk_base = static_cast<Acc*>(io.dk_part) + (bh * io.groups + g) * p.sk * dqk;
     dv_base = static_cast<Acc*>(io.dv_part) + (bh * io.groups + g) * p.sk * dv;
   }
-  for (int64_t j = 0; j < p.sk; ++j) {
-    std::fill(dk_base + j * dk_ld, dk_base + j * dk_ld + dqk, Acc(0));
-    std::fill(dv_base + j * dv_ld, dv_base + j * dv_ld + dv, Acc(0));
+  if (io.accumulate_kv && io.mode == AccMode::head) {  // start from the targets' sums
+    for (int64_t j = 0; j < p.sk; ++j) {
+      load_row_acc(io.dk.row(b, h, j), io.dk.dtype, dqk, dk_base + j * dk_ld);
+      load_row_acc(io.dv.row(b, h, j), io.dv.dtype, dv, dv_base + j * dv_ld);
+    }
+  } else if (!(io.accumulate_kv && io.mode == AccMode::direct)) {  // direct + accumulate: add in place
+    for (int64_t j = 0; j < p.sk; ++j) {
+      std::fill(dk_base + j * dk_ld, dk_base + j * dk_ld + dqk, Acc(0));
+      std::fill(dv_base + j * dv_ld, dv_base + j * dv_ld + dv, Acc(0));
+    }
   }
   const Acc* lse_all = static_cast<const Acc*>(io.lse) + bh * p.sq;
   const Acc* delta_all = static_cast<const Acc*>(io.delta) + bh * p.sq;
@@ -399,11 +407,12 @@ void dispatch_path(BlockwisePath path, Fn&& fn) {
   }
 }
 
+// `out_into`: where the output rows go (checked by check_target), or undefined for a new tensor.
 BlockwiseResult forward_impl(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             BlockwiseStats* stats) {
+                             BlockwiseStats* stats, const at::Tensor& out_into = {}) {
   const at::Tensor qd = dense_rows(q), kd = dense_rows(k), vd = dense_rows(v);
   BlockwiseResult r;
-  r.out = empty_rows_like(qd, p.dv, p.in_dtype);
+  r.out = out_into.defined() ? out_into : empty_rows_like(qd, p.dv, p.in_dtype);
   r.lse = at::empty({p.batch, p.heads, p.sq}, q.options().dtype(p.acc_dtype));
   if (stats) {
     *stats = BlockwiseStats{};
@@ -416,24 +425,28 @@ BlockwiseResult forward_impl(const Plan& p, const at::Tensor& q, const at::Tenso
   return r;
 }
 
+// `into`: where dq, dk, dv go (checked by check_target), or undefined tensors for new ones;
+// `accumulate_kv`: add dK/dV to into.dk/into.dv instead of overwriting them.
 BlockwiseGrads backward_impl(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                             const at::Tensor& dlse, BlockwiseStats* stats) {
+                             const at::Tensor& dlse, BlockwiseStats* stats, const BlockwiseGrads& into = {},
+                             bool accumulate_kv = false) {
   const at::Tensor qd = dense_rows(q), kd = dense_rows(k), vd = dense_rows(v);
   const at::Tensor od = dense_rows(out), dod = dense_rows(dout);
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor dlse_c = dlse.defined() ? dlse.to(p.acc_dtype).contiguous() : at::Tensor();
-  BlockwiseGrads g{empty_rows_like(qd, p.dqk, p.in_dtype), empty_rows_like(kd, p.dqk, p.in_dtype),
-                   empty_rows_like(vd, p.dv, p.in_dtype)};
+  BlockwiseGrads g{into.dq.defined() ? into.dq : empty_rows_like(qd, p.dqk, p.in_dtype),
+                   into.dk.defined() ? into.dk : empty_rows_like(kd, p.dqk, p.in_dtype),
+                   into.dv.defined() ? into.dv : empty_rows_like(vd, p.dv, p.in_dtype)};
   if (g.dq.numel() + g.dk.numel() + g.dv.numel() == 0) return g;
   if (p.sq == 0) {  // no queries: no gradient reaches k, v
-    g.dk.zero_(), g.dv.zero_();
+    if (!accumulate_kv) g.dk.zero_(), g.dv.zero_();
     return g;
   }
   at::Tensor delta = at::empty({p.batch, p.heads, p.sq}, q.options().dtype(p.acc_dtype));
   BackwardIO io{rows_of(qd),   rows_of(kd),   rows_of(vd),   rows_of(dod), rows_of(g.dq),
                 rows_of(g.dk), rows_of(g.dv), lse_c.data_ptr(), delta.data_ptr(), AccMode::direct,
-                1,             nullptr,       nullptr};
+                accumulate_kv, 1,             nullptr,       nullptr};
   if (p.acc_dtype == at::kDouble)
     compute_delta<double>(p, rows_of(od), rows_of(dod), dlse_c, delta.data_ptr<double>());
   else
@@ -453,7 +466,10 @@ BlockwiseGrads backward_impl(const Plan& p, const at::Tensor& q, const at::Tenso
     io.mode = p.acc_dtype == p.in_dtype ? AccMode::direct : AccMode::head;
   }
   dispatch_path(p.path, [&](auto path) { run_backward<decltype(path)>(p, io, stats); });
-  if (io.mode == AccMode::partial) {
+  if (io.mode == AccMode::partial && accumulate_kv) {
+    g.dk.add_(dk_part.sum(2));
+    g.dv.add_(dv_part.sum(2));
+  } else if (io.mode == AccMode::partial) {
     g.dk.copy_(dk_part.sum(2));
     g.dv.copy_(dv_part.sum(2));
   }
@@ -512,6 +528,18 @@ BlockwiseResult forward_with_graph(const at::Tensor& q, const at::Tensor& k, con
   return {outputs[0], with_lse ? outputs[1] : r.lse};
 }
 
+// A caller-provided output or gradient target: the expected shape and dtype, on q's device, last
+// dim dense (rows, heads and batches may have any strides, e.g. a row range of a larger tensor).
+void check_target(const char* name, const at::Tensor& t, const std::vector<int64_t>& shape, at::ScalarType dtype,
+                  const at::Device& device) {
+  MLACP_REQUIRE(t.defined() && t.sizes().vec() == shape && t.scalar_type() == dtype && t.device() == device &&
+                    (t.size(3) <= 1 || t.stride(3) == 1),
+                kWhat, "an output target must have the result's shape and dtype, on the inputs' device, last dim dense",
+                {got("target", name), got("shape", shape_of(t)), got("expected", shape),
+                 got("dtype", t.defined() ? c10::toString(t.scalar_type()) : "-"), got("expected_dtype", c10::toString(dtype))},
+                "pass a view of a tensor allocated like the result (e.g. out.narrow(2, begin, rows))");
+}
+
 }  // namespace
 
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scaling,
@@ -540,6 +568,28 @@ BlockwiseGrads blockwise_attention_backward(const at::Tensor& q, const at::Tenso
   check_backward_args(*plan, out, lse, dout, dlse);
   return backward_impl(*plan, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout.detach(),
                        dlse.defined() ? dlse.detach() : dlse, options.stats);
+}
+
+at::Tensor blockwise_attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           double scaling, const AttentionStructure& structure, const at::Tensor& out,
+                                           const BlockwiseOptions& options) {
+  const std::shared_ptr<const Plan> plan = make_plan(q, k, v, scaling, structure, options);
+  check_target("out", out, {plan->batch, plan->heads, plan->sq, plan->dv}, plan->in_dtype, q.device());
+  return forward_impl(*plan, q.detach(), k.detach(), v.detach(), options.stats, out.detach()).lse;
+}
+
+void blockwise_attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                       const at::Tensor& dlse, double scaling, const AttentionStructure& structure,
+                                       const BlockwiseGrads& into, bool accumulate_kv, const BlockwiseOptions& options) {
+  const std::shared_ptr<const Plan> plan = make_plan(q, k, v, scaling, structure, options);
+  check_backward_args(*plan, out, lse, dout, dlse);
+  check_target("dq", into.dq, {plan->batch, plan->heads, plan->sq, plan->dqk}, plan->in_dtype, q.device());
+  check_target("dk", into.dk, {plan->batch, plan->heads, plan->sk, plan->dqk}, plan->in_dtype, q.device());
+  check_target("dv", into.dv, {plan->batch, plan->heads, plan->sk, plan->dv}, plan->in_dtype, q.device());
+  backward_impl(*plan, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout.detach(),
+                dlse.defined() ? dlse.detach() : dlse, options.stats, {into.dq.detach(), into.dk.detach(), into.dv.detach()},
+                accumulate_kv);
 }
 
 }  // namespace mlacp

@@ -93,6 +93,21 @@ BlockwiseGrads blockwise_attention_backward(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& dlse, double scaling,
                                             const AttentionStructure& structure, const BlockwiseOptions& options = {});
 
+// Row-segment use: a schedule computes the query rows it already holds while the others are in
+// flight (kernels/segmented_attention.h builds one autograd node over the segments).
+// Forward of q's rows written into `out` ([B,H,Sq,Dv], q's dtype, last dim dense, other strides
+// free: e.g. a row range of a larger output); returns lse [B,H,Sq]. No autograd.
+at::Tensor blockwise_attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           double scaling, const AttentionStructure& structure, const at::Tensor& out,
+                                           const BlockwiseOptions& options = {});
+// Backward of those rows: dq written into into.dq (q-shaped); dK, dV written into into.dk,
+// into.dv (k/v-shaped), or added to what they hold when `accumulate_kv` (row segments over the
+// same keys sum without an extra pass). Same target rules as above.
+void blockwise_attention_backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                       const at::Tensor& dlse, double scaling, const AttentionStructure& structure,
+                                       const BlockwiseGrads& into, bool accumulate_kv,
+                                       const BlockwiseOptions& options = {});
 // True when this CPU can run `path` (automatic: always).
 bool path_supported(BlockwisePath path);
 
