@@ -80,6 +80,13 @@ std::vector<CpCase> exactness_cp_cases() {
       cases.push_back(c);
     }
     {
+      // The naive kernel in the CP runtime: the schedules' single-call attention path (the
+      // blockwise kernel's latent path splits rows, see own_rows_attention).
+      CpCase c = make(n + "-u2-naive-kernel", s, 4, 2, CpPartition::head_tail, true);
+      c.kernel = AttentionKernel::naive;
+      cases.push_back(c);
+    }
+    {
       CpCase c = make(n + "-u2-bf16", s, 4, 2, CpPartition::head_tail, true, 64);
       c.dtype = at::kBFloat16;
       cases.push_back(c);

@@ -63,17 +63,25 @@ ScheduledInputs CpAttentionCore::expanded_inputs(MlaAttentionImpl& m, const Loca
   return in;
 }
 
-ScheduledInputs CpAttentionCore::latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents,
-                                                                const at::Tensor& query, const at::Tensor& key_rope) {
+ScheduledInputs CpAttentionCore::latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
+                                               const at::Tensor& query, const at::Tensor& key_rope) {
+  MlaAttentionImpl& m = ctx.module;
   const MlaConfig& c = m.config();
   at::Tensor q = seq_to_head(groups_.ulysses, {query}, "q")[0];                              // [B,U*S_l,Hc,Dqk]
   at::Tensor payload = at::cat({latents.kv_latent, key_rope.to(latents.kv_latent.scalar_type())}, -1);  // [B,S_l,Rkv+Dr]
   at::Tensor gathered = all_gather_seq(groups_.cp, payload, "latent");                       // [B,S,Rkv+Dr]
   const int64_t begin = plan_.head_begin(groups_.cp_rank);
   std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
-  ComputeSpan span(groups_.timeline.get(), "kv_b_proj");
-  auto [key, value] = m.expand_key_value(parts[0], parts[1], begin, begin + plan_.compute_heads());  // [B,S,Hc,*]
-  return {q, key, value};
+  at::Tensor key, value;
+  {
+    ComputeSpan span(groups_.timeline.get(), "kv_b_proj");
+    std::tie(key, value) = m.expand_key_value(parts[0], parts[1], begin, begin + plan_.compute_heads());  // [B,S,Hc,*]
+  }
+  // The same row split as the overlap schedule (identical results), without anything in flight.
+  std::unique_ptr<SegmentedAttention> attention = own_rows_attention(ctx, query, key, value);
+  if (!attention) return {q, key, value};
+  ComputeSpan span(groups_.timeline.get(), "attention");
+  return {q, key, value, {}, finish_rows_attention(*attention, q, key, value)};
 }
 
 at::Tensor CpAttentionCore::restore_output(const at::Tensor& attention, int64_t batch, int64_t local_len) {
@@ -102,7 +110,14 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   at::Tensor key_rope = m.rotate_key(latents.key_rope_raw, r.rope_positions);  // [B,S_l,Dr]
   const bool overlap = plan_.overlap() && plan_.cp() > 1;
   const bool expanded = plan_.strategy() == CpStrategy::expanded_ulysses;
-  const ScheduleContext ctx{m, plan_, groups_};
+  const Rows rows = rows_for(seq_len, hidden.device());
+  AttentionStructure structure;
+  structure.causal = r.causal;
+  structure.query_token_index = rows.query_tokens;
+  structure.key_token_index = rows.key_tokens;
+  structure.document_ends = r.document_ends;
+  if (r.mask.defined()) structure.mask = r.mask.index_select(2, rows.query_tokens).index_select(3, rows.key_tokens);
+  const ScheduleContext ctx{m, plan_, groups_, &structure};
   ScheduledInputs in;
   if (overlap) {
     in = !expanded                    ? overlapped_latent_inputs(ctx, latents, r.rope_positions, key_rope)
@@ -114,17 +129,10 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
       ComputeSpan span(groups_.timeline.get(), "q_b_proj_rope");
       query = m.expand_query(latents.query_latent, r.rope_positions);  // [B,S_l,H,Dqk]
     }
-    in = expanded ? expanded_inputs(m, latents, query, key_rope) : latent_inputs(m, latents, query, key_rope);
+    in = expanded ? expanded_inputs(m, latents, query, key_rope) : latent_inputs(ctx, latents, query, key_rope);
   }
-  const Rows rows = rows_for(seq_len, hidden.device());
-  AttentionStructure structure;
-  structure.causal = r.causal;
-  structure.query_token_index = rows.query_tokens;
-  structure.key_token_index = rows.key_tokens;
-  structure.document_ends = r.document_ends;
-  if (r.mask.defined()) structure.mask = r.mask.index_select(2, rows.query_tokens).index_select(3, rows.key_tokens);
-  at::Tensor out;
-  {
+  at::Tensor out = in.attention;  // the schedule may have run it (latent: own rows under the Q exchange)
+  if (!out.defined()) {
     ComputeSpan span(groups_.timeline.get(), "attention");
     out = attend(plan_.kernel(), in.query.transpose(1, 2), in.key.transpose(1, 2), in.value.transpose(1, 2),
                  m.scaling(), structure);  // [B,Hc,Sq,Dv]

@@ -27,7 +27,7 @@ class CpAttentionCore : public AttentionCore {
   Rows rows_for(int64_t seq_len, const at::Device& device) const;
   ScheduledInputs expanded_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
                                   const at::Tensor& key_rope);
-  ScheduledInputs latent_inputs(MlaAttentionImpl& m, const LocalLatents& latents, const at::Tensor& query,
+  ScheduledInputs latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents, const at::Tensor& query,
                                 const at::Tensor& key_rope);
   at::Tensor restore_output(const at::Tensor& attention, int64_t batch, int64_t local_len);
 

@@ -6,6 +6,7 @@
 #include "core/compat.h"
 #include "core/format.h"
 #include "core/timeline.h"
+#include "kernels/segmented_attention.h"
 #include "mlacp/errors.h"
 #include "runtime/collective_ops.h"
 
@@ -177,6 +178,18 @@ ScheduledInputs overlapped_expanded_hybrid_inputs(const ScheduleContext& ctx, co
   return {q_heads, parts[0], parts[1], {}};
 }
 
+std::unique_ptr<SegmentedAttention> own_rows_attention(const ScheduleContext& ctx, const at::Tensor& query_local,
+                                                       const at::Tensor& key, const at::Tensor& value) {
+  if (!ctx.structure || ctx.plan.kernel() != AttentionKernel::blockwise) return nullptr;
+  const int64_t local_len = query_local.size(1), rows = ctx.groups.ulysses.size() * local_len;
+  const int64_t u = ctx.plan.ulysses_rank(ctx.groups.cp_rank), heads = ctx.plan.compute_heads();
+  auto attention = std::make_unique<SegmentedAttention>(key.transpose(1, 2), value.transpose(1, 2),
+                                                        ctx.module.scaling(), *ctx.structure, rows);
+  ComputeSpan span(timeline_of(ctx), "attention_own_rows");
+  attention->compute_rows(query_local.narrow(2, u * heads, heads).transpose(1, 2), u * local_len);
+  return attention;
+}
+
 ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
                                          const at::Tensor& rope_positions, const at::Tensor& key_rope) {
   MlaAttentionImpl& m = ctx.module;
@@ -248,6 +261,8 @@ ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const Local
         return out;
       });
   auto [key, value] = m.assemble_key_value(kv[0], kv[1]);  // [B,S,Hc,*]
+  // This rank's own query rows are here already: their attention runs while the others fly.
+  std::unique_ptr<SegmentedAttention> attention = own_rows_attention(ctx, query, key, value);
   std::vector<at::Tensor> waited;
   {
     at::NoGradGuard no_grad;
@@ -260,7 +275,9 @@ ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const Local
                              launch_inverse(ulysses, {{q, g[0]}});  // dQ first: overlaps KV backward
                              return std::vector<at::Tensor>{{}, g[1], g[2]};
                            });
-  return {waited[0], waited[1], waited[2], {}};
+  if (!attention) return {waited[0], waited[1], waited[2], {}};
+  ComputeSpan span(tl, "attention");
+  return {waited[0], waited[1], waited[2], {}, finish_rows_attention(*attention, waited[0], waited[1], waited[2])};
 }
 
 

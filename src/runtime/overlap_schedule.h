@@ -4,6 +4,9 @@
 // Results equal the plain schedule's (cp_attention.cpp) up to float64 rounding.
 #pragma once
 
+#include <memory>
+
+#include "kernels/segmented_attention.h"
 #include "mlacp/attention.h"
 #include "mlacp/comm.h"
 #include "mlacp/plan.h"
@@ -14,6 +17,7 @@ struct ScheduleContext {
   MlaAttentionImpl& module;
   const CpPlan& plan;
   const ParallelGroups& groups;
+  const AttentionStructure* structure = nullptr;  // the attention's rows (schedules that run attention)
 };
 
 struct ScheduledInputs {
@@ -21,6 +25,7 @@ struct ScheduledInputs {
   at::Tensor key;    // [B, Sk, Hc, Dqk]
   at::Tensor value;  // [B, Sk, Hc, Dv]
   at::Tensor gate;   // [B, S_l, H*Dv] sigmoid(o_gate_proj(x)) when the schedule computed it, else undefined
+  at::Tensor attention;  // [B, Hc, Sq, Dv] when the schedule ran the attention itself, else undefined
 };
 
 // Expanded, pure Ulysses (A = 1):
@@ -35,10 +40,22 @@ ScheduledInputs overlapped_expanded_inputs(const ScheduleContext& ctx, const Loc
 ScheduledInputs overlapped_expanded_hybrid_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
                                                   const at::Tensor& rope_positions, const at::Tensor& key_rope);
 // Latent (any U):
-//   forward:  launch latent gather | q_b_proj+RoPE | wait gather | launch Q | kv_b_proj(head rows) | wait Q
+//   forward:  launch latent gather | q_b_proj+RoPE | wait gather | launch Q | kv_b_proj(head rows) |
+//             [blockwise kernel: attention of this rank's own query rows] | wait Q | [the other rows]
 //   backward: launch dQ | kv_b_proj dgrad, launch reduce-scatter | kv_b_proj wgrad | wait RS | wait dQ
 ScheduledInputs overlapped_latent_inputs(const ScheduleContext& ctx, const LocalLatents& latents,
                                          const at::Tensor& rope_positions, const at::Tensor& key_rope);
+// Latent strategy, blockwise kernel: the attention of this rank's own query rows (its head block
+// of the local Q [B,S_l,H,Dqk], here before the Q exchange completes) computed now; the other
+// rows by finish(). Both schedules split the rows this way, so their results are identical to
+// the bit. Null for the naive kernel or without a structure in ctx.
+std::unique_ptr<SegmentedAttention> own_rows_attention(const ScheduleContext& ctx, const at::Tensor& query_local,
+                                                       const at::Tensor& key, const at::Tensor& value);
+inline at::Tensor finish_rows_attention(SegmentedAttention& attention, const at::Tensor& q_heads,
+                                        const at::Tensor& key, const at::Tensor& value) {
+  return attention.finish(q_heads.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2));  // [B,Hc,Sq,Dv]
+}
+
 // Output (U > 1): restore head->seq, gate, o_proj.
 //   backward: o_proj dgrad | launch dO | gate grad, wgrad | restore waits dO
 // The restore and the projection share a state record: the projection launches dO, the restore

@@ -38,12 +38,15 @@ void expect_in_order(const std::vector<std::string>& order, const std::vector<st
   }
 }
 
-std::vector<std::string> one_step(int rank, int world, const std::string& store, CpStrategy strategy, bool gate) {
+std::vector<std::string> one_step(int rank, int world, const std::string& store, CpStrategy strategy, bool gate,
+                                  AttentionKernel kernel = AttentionKernel::blockwise) {
   ParallelGroups g = test::make_groups(rank, world, store, MeshShape{1, world, 1, 0});
   VerifyCase c{"order", preset_config("tiny")};
   c.config.output_gate = gate;
   MlaAttention m = make_case_module(c, at::kDouble);
-  install_context_parallel(m, CpPlan(plan_spec_for(c.config, g.shape, strategy, CpPartition::contiguous, true)), g);
+  CpPlanSpec spec = plan_spec_for(c.config, g.shape, strategy, CpPartition::contiguous, true);
+  spec.kernel = kernel;
+  install_context_parallel(m, CpPlan(spec), g);
   at::Tensor x = at::randn({1, 4, 12}, at::kDouble).requires_grad_(true);
   g.timeline->set_enabled(true);
   m->forward(x).sum().backward();
@@ -79,13 +82,24 @@ TEST(OverlapOrder, ExpandedPureUlyssesWithGate) {
 TEST(OverlapOrder, Latent) {
   EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
     const auto order = one_step(rank, world, store, CpStrategy::latent_kv_head, false);
-    // Forward: gather under Q; Q under this rank's KV expansion.
+    // Forward: gather under Q; Q under this rank's KV expansion and the attention of its own
+    // query rows (blockwise kernel); the other rows after Q arrives.
     expect_in_order(order, {"launch:latent", "compute:q_b_proj_rope", "wait:latent", "launch:q", "compute:kv_b_proj",
-                            "wait:q", "compute:attention"});
+                            "compute:attention_own_rows", "wait:q", "compute:attention"});
     // Backward: dQ first, overlapping the KV backward; the latent reduce-scatter launched before
     // the kv_b_proj weight-gradient GEMM and waited after it.
     expect_in_order(order, {"launch:dO", "compute:o_proj_wgrad", "wait:dO", "launch:dq", "compute:kv_b_proj_dgrad",
                             "launch:dlatent", "compute:kv_b_proj_wgrad", "wait:dlatent", "wait:dq"});
+  }));
+}
+
+TEST(OverlapOrder, LatentWithTheNaiveKernelAttendsAfterQArrives) {
+  EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
+    const auto order =
+        one_step(rank, world, store, CpStrategy::latent_kv_head, false, AttentionKernel::naive);
+    expect_in_order(order, {"launch:q", "compute:kv_b_proj", "wait:q", "compute:attention"});
+    EXPECT_EQ(std::count(order.begin(), order.end(), "compute:attention_own_rows"), 0)
+        << "the naive kernel has no row segments";
   }));
 }
 
