@@ -24,6 +24,8 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
   std::cout << "mlacp        0.1.0\n";
   std::cout << "LibTorch     " << TORCH_VERSION << "\n";
   std::cout << "threads      " << at::get_num_threads() << " intra-op (set with --threads)\n";
+  std::cout << "allocator    " << host_allocator_policy().detail
+            << (host_allocator_policy().applied ? " (MLACP_HOST_ALLOCATOR=system keeps glibc's defaults)" : "") << "\n";
   const BlasInfo blas = loaded_blas();
   std::cout << "BLAS         " << blas.library
             << (blas.is_reference ? "  [reference netlib BLAS: float32 GEMM is slow; apt-get install libopenblas0-pthread]"

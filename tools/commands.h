@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/host_allocator.h"
+
 namespace mlacp::tools {
 
 struct CommonArgs {
@@ -76,6 +78,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& args);
 void apply_threads(const CommonArgs& common);
 // True when this process is one rank of a launch (torchrun's RANK or mlacp's launcher).
 bool launched_as_rank();
+// What main() set up for the host allocator (core/host_allocator.h), for `mlacp info`.
+mlacp::HostAllocatorPolicy& host_allocator_policy();
 // Re-runs this command line on `nproc` local ranks (without --nproc); returns the exit status.
 int relaunch_local(const CommonArgs& common, int nproc);
 
