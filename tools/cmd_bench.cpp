@@ -9,6 +9,7 @@
 //   most half of the computation placed under it (measured in a calibration run without a link).
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -198,6 +199,13 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   MLACP_REQUIRE(a.transfer_fraction > 0.0 && a.transfer_fraction <= 4.0, "bench",
                 "--transfer-fraction must be in (0, 4]", {got("transfer_fraction", a.transfer_fraction)},
                 "0.5 sizes each overlapped transfer to half of the computation under it");
+  if (!a.trace_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.trace_dir, ec);
+    MLACP_REQUIRE(!ec && std::filesystem::is_directory(a.trace_dir), "bench", "--trace must name a directory that can be created",
+                  {got("trace", a.trace_dir), got("error", ec ? ec.message() : std::string("not a directory"))},
+                  "pass a writable path, e.g. --trace /tmp/mlacp-trace");
+  }
 
   GroupOptions options;
   options.timeout = std::chrono::seconds(a.timeout_s);
