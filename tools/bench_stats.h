@@ -24,6 +24,8 @@ struct StepSample {
   LabelTimes exposed_us;        // min over ranks of the time blocked in the label's waits
   LabelTimes blocked_us;        // max over ranks (includes waiting for a late peer)
   LabelTimes compute_under_us;  // min over ranks of launch-to-wait: the work placed under it
+  LabelTimes compute_us;        // per compute span name: max over ranks of its time in the step
+                                // (with overlap on, transfers running under a span can slow it)
   std::map<std::string, int64_t> bytes;          // bytes per rank per label (equal on every rank)
   std::map<std::string, int64_t> bytes_by_kind;  // per collective kind name
 };

@@ -38,6 +38,7 @@ using nlohmann::json;
 struct RankStep {
   double step_us = 0;
   LabelTimes wait_us, gap_us;  // per label: time blocked in waits; launch to wait
+  LabelTimes compute_us;       // per compute span name (summed over the step)
   std::map<std::string, int64_t> bytes;
   std::map<CollectiveKind, int64_t> bytes_by_kind;
 };
@@ -70,6 +71,7 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   groups.timeline->set_enabled(false);
   std::map<std::string, double> launched;
   for (const auto& e : groups.timeline->events()) {
+    if (e.kind == EventKind::compute && e.name != "step") s.compute_us[e.name] += e.end_us - e.begin_us;
     if (e.kind == EventKind::launch) launched[e.name] = e.begin_us;
     if (e.kind == EventKind::wait) {
       s.wait_us[e.name] += e.end_us - e.begin_us;
@@ -94,6 +96,7 @@ StepSample combine(const RankStep& mine, const CommGroup& world) {
     low.insert(low.end(), {wait, gap});
     high.push_back(wait);
   }
+  for (const auto& [name, us] : mine.compute_us) high.push_back(us);  // same spans on every rank
   low = all_reduce_min(world, low);
   high = all_reduce_max(world, high);
   StepSample s;
@@ -107,6 +110,7 @@ StepSample combine(const RankStep& mine, const CommGroup& world) {
     s.blocked_us[label] = high[1 + i];
     ++i;
   }
+  for (const auto& [name, us] : mine.compute_us) s.compute_us[name] = high[1 + i++];
   return s;
 }
 
@@ -311,6 +315,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                       {"exposed_fraction", fraction}, {"blocked_ms", sum(blocked) / 1000.0},
                       {"exposed_ms_by_label", per_label_ms(exposed)}, {"blocked_ms_by_label", per_label_ms(blocked)},
                       {"compute_under_ms_by_label", per_label_ms(median_by_label(steps, &StepSample::compute_under_us))},
+                      {"compute_ms_by_span", per_label_ms(median_by_label(steps, &StepSample::compute_us))},
                       {"bytes_by_label", bytes}});
     }
     // The transfers the schedule places under computation.
