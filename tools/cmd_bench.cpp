@@ -158,6 +158,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
                 "computation under it (measured without a link first)");
   cmd->add_option("--transfer-fraction", a.transfer_fraction, "with --auto-link: transfer time / computation under it");
   cmd->add_flag("!--no-pin", a.pin, "do not pin each local rank to its own cores");
+  cmd->add_flag("!--no-batch-sched", a.batch_scheduling,
+                "keep the default scheduler (bench runs ranks under SCHED_BATCH: backend threads do not preempt the "
+                "computation they overlap)");
   cmd->add_option("--json", a.json_path, "also write the results as JSON");
   cmd->add_option("--trace", a.trace_dir, "write one Chrome/Perfetto trace per rank and configuration here");
   cmd->add_option("--timeout", a.timeout_s, "collective timeout, seconds");
@@ -170,12 +173,10 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     // migrates and the two ranks' speeds drift apart, which shows up as waiting.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = common.threads > 0 ? common.threads : std::max(1, cores / a.nproc);
-    if (a.pin && !common.pin_cores && a.nproc * threads <= cores) {
-      CommonArgs pinned = common;
-      pinned.argv.insert(pinned.argv.begin() + 1, "--pin-cores");
-      return relaunch_local(pinned, a.nproc);
-    }
-    return relaunch_local(common, a.nproc);
+    CommonArgs ranks = common;
+    if (a.pin && !common.pin_cores && a.nproc * threads <= cores) ranks.argv.insert(ranks.argv.begin() + 1, "--pin-cores");
+    if (a.batch_scheduling && !common.batch_scheduling) ranks.argv.insert(ranks.argv.begin() + 1, "--batch-sched");
+    return relaunch_local(ranks, a.nproc);
   }
   apply_threads(common);
   const WorldInfo world = world_from_env();
@@ -341,7 +342,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     std::cout << "bench: " << world.size << " ranks, S=" << a.seq << " B=" << a.batch << " heads=" << a.heads
               << " hidden=" << a.hidden << " q_rank=" << a.q_rank << " kv_rank=" << a.kv_rank
               << " dtype=" << a.dtype << ", median of " << a.steps << " steps after " << a.warmup
-              << " warm-up; threads/rank " << at::get_num_threads() << (common.pin_cores ? ", pinned" : "") << "\n"
+              << " warm-up; threads/rank " << at::get_num_threads() << (common.pin_cores ? ", pinned" : "")
+              << (common.batch_scheduling ? ", SCHED_BATCH" : "") << "\n"
               << "exposed: time the last rank to arrive is blocked in waits (critical path); blocked: the rank "
                  "that waited longest (includes waiting for a late peer)\n\n";
     table.print(std::cout);
@@ -350,7 +352,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     criteria.print(std::cout);
     if (!a.json_path.empty()) {
       std::ofstream(a.json_path) << json{{"world_size", world.size}, {"seq", a.seq}, {"batch", a.batch},
-                                         {"steps", a.steps}, {"warmup", a.warmup}, {"pinned", common.pin_cores},
+                                         {"steps", a.steps}, {"warmup", a.warmup}, {"pinned", common.pin_cores}, {"sched_batch", common.batch_scheduling},
                                          {"all_criteria_met", all_met}, {"rows", rows}}
                                         .dump(2)
                                  << "\n";

@@ -14,6 +14,7 @@ namespace mlacp::tools {
 struct CommonArgs {
   int threads = 0;  // 0: all cores of this host, divided among local ranks
   bool pin_cores = false;  // pin local rank r to its own block of cores (benchmarks on small hosts)
+  bool batch_scheduling = false;  // ranks under SCHED_BATCH (core/threads.h)
   std::vector<std::string> argv;  // the whole command line (for re-launching ranks)
 };
 
@@ -68,6 +69,7 @@ struct BenchArgs {
   bool auto_link = false;
   double transfer_fraction = 0.5;
   bool pin = true;
+  bool batch_scheduling = true;  // ranks under SCHED_BATCH (--no-batch-sched: default scheduler)
   std::string json_path, trace_dir;
   int timeout_s = 120;
 };

@@ -34,6 +34,8 @@ void apply_threads(const CommonArgs& common) {
     threads = std::max(1, cores / ranks_here);
   }
   set_intra_op_threads(threads);
+  if (common.batch_scheduling && !mlacp::use_batch_scheduling())
+    std::cerr << "mlacp: --batch-sched: the scheduler refused SCHED_BATCH; running under the default policy\n";
   if (common.pin_cores) {
     // Local rank r gets cores [r * threads, (r + 1) * threads) modulo the host's cores; threads
     // started later (the backend's) inherit the mask.
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", common.threads, "intra-op threads per process (0 = cores / local ranks)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--pin-cores", common.pin_cores, "pin each local rank to its own cores (steadier benchmarks)");
+  app.add_flag("--batch-sched", common.batch_scheduling,
+               "run ranks under SCHED_BATCH: backend threads do not preempt computation (CPU hosts)");
   InfoArgs info;
   VerifyArgs verify;
   BenchArgs bench;

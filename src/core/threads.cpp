@@ -1,6 +1,10 @@
 #include "core/threads.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <sched.h>
+
+#include <cstdlib>
 
 #include <ATen/Parallel.h>
 
@@ -16,6 +20,22 @@ SetThreads openblas_setter() {
 }  // namespace
 
 bool blas_threads_settable() { return openblas_setter() != nullptr; }
+
+bool use_batch_scheduling() {
+#if defined(__linux__)
+  sched_param param{};
+  param.sched_priority = 0;
+  if (sched_setscheduler(0, SCHED_BATCH, &param) != 0) return false;  // this thread and its future ones
+  if (DIR* tasks = opendir("/proc/self/task")) {  // threads already started (pools, stores)
+    while (dirent* entry = readdir(tasks))
+      if (entry->d_name[0] != '.') sched_setscheduler(std::atoi(entry->d_name), SCHED_BATCH, &param);
+    closedir(tasks);
+  }
+  return true;
+#else
+  return false;
+#endif
+}
 
 void set_intra_op_threads(int threads) {
   at::set_num_threads(threads);
