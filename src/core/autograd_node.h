@@ -16,6 +16,21 @@ using BackwardFn = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>
 // `backward`: it receives one gradient per output (undefined ones arrive as zeros) and returns
 // one gradient per input (undefined for inputs that need none). Returns the outputs, now
 // differentiable w.r.t. `inputs`; unchanged when no input requires grad or grad mode is off.
+// Tensors a backward function reads, with their version counters at forward time: check()
+// rejects an in-place change made in between (naming the tensor), as LibTorch's own saved
+// variables do. Store them as plain aliases (detached): no autograd identity, no reference cycle.
+class SavedForBackward {
+ public:
+  SavedForBackward(std::vector<at::Tensor> tensors, std::vector<std::string> names);
+  void check(const char* what) const;  // throws mlacp::Error
+  const at::Tensor& operator[](size_t i) const { return tensors_[i]; }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> versions_;
+};
+
 std::vector<at::Tensor> attach_backward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                                         const std::string& name, BackwardFn backward);
 

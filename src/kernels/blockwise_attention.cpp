@@ -503,21 +503,10 @@ BlockwiseResult forward_with_graph(const at::Tensor& q, const at::Tensor& k, con
   BlockwiseResult r = forward_impl(*plan, q, k, v, opt.stats);
   std::vector<at::Tensor> outputs{r.out};
   if (with_lse) outputs.push_back(r.lse);
-  // Saved as plain aliases (no autograd identity, so no reference cycle through the node); their
-  // version counters catch in-place changes between forward and backward.
-  std::vector<at::Tensor> saved{q.detach(), k.detach(), v.detach(), r.out};
-  std::vector<int64_t> versions;
-  for (const at::Tensor& t : saved) versions.push_back(static_cast<int64_t>(t._version()));
-  BackwardFn backward = [plan, saved, versions, lse = r.lse, stats = opt.stats,
+  const SavedForBackward saved({q.detach(), k.detach(), v.detach(), r.out}, {"q", "k", "v", "out"});
+  BackwardFn backward = [plan, saved, lse = r.lse, stats = opt.stats,
                          with_lse](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
-    static const char* const kNames[] = {"q", "k", "v", "out"};
-    for (size_t i = 0; i < saved.size(); ++i) {
-      MLACP_REQUIRE(static_cast<int64_t>(saved[i]._version()) == versions[i], kWhat,
-                    "a tensor saved for backward was modified in place after the forward",
-                    {got("tensor", kNames[i]), got("version_at_forward", versions[i]),
-                     got("version_now", static_cast<int64_t>(saved[i]._version()))},
-                    "modify a clone instead");
-    }
+    saved.check(kWhat);
     const at::Tensor& out = saved[3];
     const at::Tensor dout = grads[0].scalar_type() == out.scalar_type() ? grads[0] : grads[0].to(out.scalar_type());
     const at::Tensor dlse = with_lse ? grads[1] : at::Tensor();

@@ -80,19 +80,11 @@ at::Tensor SegmentedAttention::finish(const at::Tensor& q, const at::Tensor& k, 
   if (next < rows_) compute_rows(q.narrow(2, next, rows_ - next), next);
   finished_ = true;
 
-  std::vector<at::Tensor> saved{q.detach(), k_, v_, out_};
-  std::vector<int64_t> versions;
-  for (const at::Tensor& t : saved) versions.push_back(static_cast<int64_t>(t._version()));
-  BackwardFn backward = [saved, versions, segments = segments_, structure = structure_, scaling = scaling_,
-                         options = options_, autocast_enabled = autocast_enabled_,
+  const SavedForBackward saved({q.detach(), k_, v_, out_}, {"q", "k", "v", "out"});
+  BackwardFn backward = [saved, segments = segments_, structure = structure_, scaling = scaling_, options = options_,
+                         autocast_enabled = autocast_enabled_,
                          autocast_dtype = autocast_dtype_](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
-    static const char* const kNames[] = {"q", "k", "v", "out"};
-    for (size_t i = 0; i < saved.size(); ++i)
-      MLACP_REQUIRE(static_cast<int64_t>(saved[i]._version()) == versions[i], kWhat,
-                    "a tensor saved for backward was modified in place after the forward",
-                    {got("tensor", kNames[i]), got("version_at_forward", versions[i]),
-                     got("version_now", static_cast<int64_t>(saved[i]._version()))},
-                    "modify a clone instead");
+    saved.check(kWhat);
     // The forward's kernel path depends on autocast: the same path must run backward.
     compat::AutocastGuard autocast(c10::DeviceType::CPU, autocast_enabled, autocast_dtype);
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
