@@ -236,6 +236,27 @@ std::vector<at::Tensor> unpack_by_source(const at::Tensor& receive, const BlockR
   return at::cat(by_source, dim).split_with_sizes(widths, -1);
 }
 
+// The all-to-all both Ulysses directions share: block j (index `block_dim` of each `blocked`
+// tensor) of every tensor, side by side along the last dim, goes to rank j through send/receive
+// buffers [G, B, S_l, Hc, sum D] in BlockRows layout (this rank's own block straight into its
+// receive row); wait() unpacks the received blocks by source along `unpack_dim`.
+AsyncHandle exchange_blocks(const CommGroup& group, const std::string& label, const std::vector<at::Tensor>& blocked,
+                            int64_t block_dim, const std::vector<int64_t>& block_shape, int64_t unpack_dim,
+                            const std::vector<int64_t>& widths) {
+  const BlockRows rows{group.rank(), group.size()};
+  std::vector<int64_t> buffer_shape{group.size()};
+  buffer_shape.insert(buffer_shape.end(), block_shape.begin(), block_shape.end());
+  at::Tensor send = at::empty(buffer_shape, blocked.front().options());
+  at::Tensor receive = at::empty_like(send);
+  pack_blocks(blocked, block_dim, rows, send, receive);
+  const int64_t bytes = send.numel() * send.element_size() * (group.size() - 1) / group.size();
+  auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
+  state->work = all_to_all_others(group, send, receive);
+  state->buffers = {send, receive};
+  state->finish = [receive, rows, unpack_dim, widths] { return unpack_by_source(receive, rows, unpack_dim, widths); };
+  return AsyncHandle(std::move(state));
+}
+
 void check_heads_divisible(const CommGroup& group, const at::Tensor& x, const std::string& label) {
   MLACP_REQUIRE(x.dim() == 4, kWhat, "Ulysses exchanges take [B, S, H, D] tensors",
                 {got("label", label), got("shape", shape_text(x))}, "reshape to [batch, seq, heads, dim]");
@@ -265,21 +286,11 @@ AsyncHandle launch_seq_to_head_packed(const CommGroup& group, const std::vector<
   if (g == 1) {
     return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
   }
-  // send [G(dest), B, S_l, Hc, sum D] in BlockRows layout: head block j goes to rank j; this
-  // rank's own block goes straight into its receive row.
-  const BlockRows rows{group.rank(), g};
-  at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
-  at::Tensor receive = at::empty_like(send);  // [G(source), B, S_l, Hc, sum D], BlockRows layout
+  // Head block j goes to rank j; received blocks [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]:
+  // tokens in source-rank order.
   std::vector<at::Tensor> blocked;
   for (const auto& x : xs) blocked.push_back(x.view({b, s, g, hc, x.size(3)}));
-  pack_blocks(blocked, 2, rows, send, receive);
-  const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
-  auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
-  state->work = all_to_all_others(group, send, receive);
-  state->buffers = {send, receive};
-  // [G, B, S_l, Hc, W] -> [B, G*S_l, Hc, W]: tokens in source-rank order.
-  state->finish = [receive, rows, widths] { return unpack_by_source(receive, rows, 1, widths); };
-  return AsyncHandle(std::move(state));
+  return exchange_blocks(group, label, blocked, /*block_dim=*/2, {b, s, hc, width}, /*unpack_dim=*/1, widths);
 }
 
 AsyncHandle launch_seq_to_head(const CommGroup& group, const at::Tensor& x, const std::string& label) {
@@ -309,21 +320,11 @@ AsyncHandle launch_head_to_seq_packed(const CommGroup& group, const std::vector<
   if (g == 1) {
     return finished(group, label, CollectiveKind::all_to_all, [xs] { return xs; });
   }
-  // send [G(dest = token owner), B, S_l, Hc, sum D] in BlockRows layout (own block straight
-  // into its receive row)
-  const BlockRows rows{group.rank(), g};
-  at::Tensor send = at::empty({g, b, s, hc, width}, first.options());
-  at::Tensor receive = at::empty_like(send);  // [G(source = head block), B, S_l, Hc, sum D], BlockRows layout
+  // Sequence block j goes to its owner, rank j; received blocks [G, B, S_l, Hc, W] ->
+  // [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
   std::vector<at::Tensor> blocked;
   for (const auto& x : xs) blocked.push_back(x.view({b, g, s, hc, x.size(3)}));
-  pack_blocks(blocked, 1, rows, send, receive);
-  const int64_t bytes = send.numel() * send.element_size() * (g - 1) / g;
-  auto state = new_state(group, label, bytes, CollectiveKind::all_to_all);
-  state->work = all_to_all_others(group, send, receive);
-  state->buffers = {send, receive};
-  // [G, B, S_l, Hc, W] -> [B, S_l, G*Hc, W]: heads in source-rank (head block) order.
-  state->finish = [receive, rows, widths] { return unpack_by_source(receive, rows, 2, widths); };
-  return AsyncHandle(std::move(state));
+  return exchange_blocks(group, label, blocked, /*block_dim=*/1, {b, s, hc, width}, /*unpack_dim=*/2, widths);
 }
 
 AsyncHandle launch_head_to_seq(const CommGroup& group, const at::Tensor& x, const std::string& label) {
