@@ -14,8 +14,10 @@ namespace {
 
 // A MALLOC_*_ variable (glibc's tunables of the same settings) set by the user.
 const char* user_malloc_setting() {
-  for (char** e = environ; e && *e; ++e)
-    if (std::strncmp(*e, "MALLOC_", 7) == 0 && std::strchr(*e, '=') && std::strchr(*e, '=')[-1] == '_') return *e;
+  for (char** e = environ; e && *e; ++e) {
+    const char* equals = std::strchr(*e, '=');
+    if (std::strncmp(*e, "MALLOC_", 7) == 0 && equals && equals[-1] == '_') return *e;
+  }
   return nullptr;
 }
 
