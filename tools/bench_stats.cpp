@@ -47,8 +47,7 @@ double sum(const LabelTimes& times, const std::set<std::string>* only) {
 std::string plain_label_of(const std::string& label, const std::map<std::string, int64_t>& plain_bytes) {
   const bool packed_forward = plain_bytes.count("qkv") > 0, packed_backward = plain_bytes.count("dqkv") > 0;
   if (packed_forward && (label == "q" || label == "k" || label == "v" || label == "kv")) return "qkv";
-  if (packed_backward && (label == "dq" || label == "dk" || label == "dv")) return "dqkv";
-  if (label == "dO") return "do";
+  if (packed_backward && (label == "dq" || label == "dk" || label == "dv" || label == "dkv")) return "dqkv";
   return label;
 }
 

@@ -41,7 +41,7 @@ double sum(const LabelTimes& times, const std::set<std::string>* only = nullptr)
 
 // With overlap off, the exchange that carries a transfer of the overlapped schedule: the plain
 // path packs Q, K, V (and K|V of hybrids) into one "qkv" exchange and their gradients into
-// "dqkv"; the output gradient is "do" there and "dO" in the overlapped schedule.
+// "dqkv"; every other transfer has the same name in both forms (transfer_name()).
 std::string plain_label_of(const std::string& overlapped_label, const std::map<std::string, int64_t>& plain_bytes);
 
 // The time the transfers `labels` of the overlapped schedule were exposed with overlap off: each

@@ -1,7 +1,7 @@
 // `mlacp bench`: step time and communication of each strategy with overlap off and on, on local
-// ranks over an optional emulated link (SPEC §10). For each configuration: the median step
+// ranks over an optional emulated link (docs/DESIGN.md §10). For each configuration: the median step
 // (forward + backward) over --steps after --warmup, bytes per rank per collective kind next to
-// the SPEC §4 formula, communication time, exposed communication (critical path: see
+// the docs/DESIGN.md §4 formula, communication time, exposed communication (critical path: see
 // bench_stats.h) and its fraction. For the transfers the schedule places under computation it
 // reports how much was hidden with overlap on, and how much step time overlap saved against what
 // those transfers cost when exposed (overlap off).
@@ -43,24 +43,23 @@ struct RankStep {
   std::map<CollectiveKind, int64_t> bytes_by_kind;
 };
 
-// Collectives whose launch the schedule places before computation (SPEC §5), by label.
-std::set<std::string> overlapped_labels(CpStrategy strategy, bool gate, int64_t all_gather) {
-  if (strategy == CpStrategy::latent_kv_head) return {"latent", "q", "dO", "dq", "dlatent"};
-  if (all_gather > 1) return {"kv"};
-  std::set<std::string> labels{"v", "k", "dO", "dk", "dv"};
-  if (gate) labels.insert({"q", "dq"});
+// The transfers the plan's overlapped schedule hides, by counter label (the schedule's own
+// declaration, docs/DESIGN.md §5).
+std::set<std::string> overlapped_labels(const CpPlan& plan, const MlaConfig& config) {
+  std::set<std::string> labels;
+  for (const OverlappedTransfer& t : overlapped_transfers(plan, config)) labels.insert(transfer_name(t.transfer));
   return labels;
 }
 
 RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tensor& weight,
                   const MlaForwardOptions& options, ParallelGroups& groups, bool bf16) {
-  groups.counters->reset();
-  groups.timeline->clear();
-  groups.timeline->set_enabled(true);
+  groups.instruments.counters->reset();
+  groups.instruments.timeline->clear();
+  groups.instruments.timeline->set_enabled(true);
   barrier(groups.world);
   const double start = Timeline::now_us();
   {
-    ComputeSpan span(groups.timeline.get(), "step");
+    ComputeSpan span(groups.instruments.timeline.get(), "step");
     std::unique_ptr<compat::AutocastGuard> autocast;
     if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
     at::Tensor y = module->forward(hidden, options);
@@ -68,9 +67,9 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   }
   RankStep s;
   s.step_us = Timeline::now_us() - start;
-  groups.timeline->set_enabled(false);
+  groups.instruments.timeline->set_enabled(false);
   std::map<std::string, double> launched;
-  for (const auto& e : groups.timeline->events()) {
+  for (const auto& e : groups.instruments.timeline->events()) {
     if (e.kind == EventKind::compute && e.name != "step") s.compute_us[e.name] += e.end_us - e.begin_us;
     if (e.kind == EventKind::launch) launched[e.name] = e.begin_us;
     if (e.kind == EventKind::wait) {
@@ -78,10 +77,10 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
       if (launched.count(e.name)) s.gap_us[e.name] += e.begin_us - launched[e.name];
     }
   }
-  for (const auto& [label, totals] : groups.counters->by_label()) s.bytes[label] = totals.bytes;
+  for (const auto& [label, totals] : groups.instruments.counters->by_label()) s.bytes[label] = totals.bytes;
   for (auto kind : {CollectiveKind::all_to_all, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                     CollectiveKind::all_reduce})
-    s.bytes_by_kind[kind] = groups.counters->by_kind(kind).bytes;
+    s.bytes_by_kind[kind] = groups.instruments.counters->by_kind(kind).bytes;
   for (auto& item : module->parameters()) item.mutable_grad() = at::Tensor();
   return s;
 }
@@ -218,7 +217,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   options.link.bandwidth_bytes_per_second = a.bandwidth_gbps * 1e9;
   Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(shape, options);
-  const LinkModel fixed_link = *groups.link;
+  const LinkModel fixed_link = *groups.instruments.link;
 
   VerifyCase vc{"bench", cfg};
   vc.batch = a.batch;
@@ -233,10 +232,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   // alike (these shared machines are noisy). Returns the timed steps of each mode.
   auto run_pair = [&](CpStrategy strategy, int steps, const std::string& what) {
     MlaAttention modules[2] = {make_case_module(vc, param_dtype), make_case_module(vc, param_dtype)};
-    for (int overlap = 0; overlap < 2; ++overlap) {
-      install_context_parallel(
-          modules[overlap], CpPlan(plan_spec_for(cfg, shape, strategy, CpPartition::head_tail, overlap == 1)), groups);
-    }
+    for (int overlap = 0; overlap < 2; ++overlap)
+      parallelize(modules[overlap], groups, {strategy, CpPartition::head_tail, overlap == 1});
     std::array<std::vector<StepSample>, 2> samples;
     for (int i = 0; i < a.warmup + steps; ++i) {
       for (int overlap = 0; overlap < 2; ++overlap) {
@@ -244,7 +241,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
         if (!a.trace_dir.empty() && what == "timed" && i + 1 == a.warmup + steps) {
           std::ofstream(a.trace_dir + "/" + strategy_name(strategy) + (overlap ? "-overlap" : "-plain") + "-rank" +
                         std::to_string(world.rank) + ".json")
-              << groups.timeline->chrome_trace_json(world.rank);
+              << groups.instruments.timeline->chrome_trace_json(world.rank);
         }
         StepSample combined = combine(st, groups.world);
         if (i >= a.warmup) samples[overlap].push_back(std::move(combined));
@@ -264,21 +261,21 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   bool all_met = true;
   for (CpStrategy s : strategies) {
     const CpPlan plan(plan_spec_for(cfg, shape, s, CpPartition::head_tail, true));
-    const std::set<std::string> labels = overlapped_labels(s, cfg.output_gate, plan.all_gather());
-    *groups.link = fixed_link;
+    const std::set<std::string> labels = overlapped_labels(plan, cfg);
+    *groups.instruments.link = fixed_link;
     if (a.auto_link) {
       // Calibration without a link: the computation the schedule places under each overlapped
       // transfer (launch to wait, on the rank where it is shortest, median over steps).
-      *groups.link = LinkModel{};
+      *groups.instruments.link = LinkModel{};
       const auto calib = run_pair(s, std::max(3, a.steps / 2), "calibration")[1];
       const LabelTimes under = median_by_label(calib, &StepSample::compute_under_us);
-      groups.link->bandwidth_bytes_per_second = bandwidth_for_fraction(labels, under, calib.front().bytes,
+      groups.instruments.link->bandwidth_bytes_per_second = bandwidth_for_fraction(labels, under, calib.front().bytes,
                                                                        a.transfer_fraction);
-      groups.link->latency_seconds = 0;
-      MLACP_REQUIRE(groups.link->bandwidth_bytes_per_second > 0, "bench", "calibration found no overlapped transfer",
+      groups.instruments.link->latency_seconds = 0;
+      MLACP_REQUIRE(groups.instruments.link->bandwidth_bytes_per_second > 0, "bench", "calibration found no overlapped transfer",
                     {got("strategy", strategy_name(s))}, "use --bandwidth-gbps");
     }
-    const LinkModel link = *groups.link;
+    const LinkModel link = *groups.instruments.link;
     const auto pair = run_pair(s, a.steps, "timed");
     const std::vector<StepSample>& off = pair[0];
     const std::vector<StepSample>& on = pair[1];

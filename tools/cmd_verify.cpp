@@ -45,8 +45,8 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)");
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
-  g->add_option("--kernel", a.kernel, "blockwise | naive: the CP runtime's attention kernel");
-  g->add_option("--reference-kernel", a.reference_kernel, "naive | blockwise: the single-device oracle's kernel");
+  g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive): the CP runtime's attention kernel");
+  g->add_option("--reference-kernel", a.reference_kernel, "reference (alias naive) | blockwise: the single-device oracle's kernel");
   g->add_flag("--reference-rank0", a.reference_rank0, "rank 0 alone computes the reference (long sequences)");
   g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)");
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");

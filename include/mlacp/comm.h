@@ -149,14 +149,21 @@ struct MeshShape {
 // World = dp x cp x tp, TP innermost: world_rank = (dp_rank * cp + cp_rank) * tp + tp_rank.
 // The CP group's A x U grid: Ulysses groups are U consecutive CP ranks, all-gather groups are
 // {u, u+U, u+2U, ...}.
+// What observes the collectives of one set of groups (shared by all its groups): byte counters,
+// the emulated link, the timeline. Not part of the groups' identity: a trainer never needs them,
+// the checks and the bench read them.
+struct Instruments {
+  std::shared_ptr<CommCounters> counters;
+  std::shared_ptr<LinkModel> link;
+  std::shared_ptr<Timeline> timeline;
+};
+
 struct ParallelGroups {
   WorldInfo world_info;
   MeshShape shape;
   int64_t dp_rank = 0, cp_rank = 0, tp_rank = 0;
   CommGroup world, dp, cp, tp, ulysses, all_gather;
-  std::shared_ptr<CommCounters> counters;
-  std::shared_ptr<LinkModel> link;
-  std::shared_ptr<Timeline> timeline;
+  Instruments instruments;
   std::string describe() const;  // the rank order, printed by the tools
 };
 

@@ -1,5 +1,5 @@
 // MlaConfig: the shape and numerics of one DeepSeek-style Multi-head Latent Attention layer.
-// Glossary used everywhere in mlacp (SPEC §1):
+// Glossary used everywhere in mlacp (docs/DESIGN.md §1):
 //   d    hidden_size            H    num_heads
 //   Rq   q_lora_rank (optional) Rkv  kv_lora_rank
 //   Dn   qk_nope_head_dim       Dr   qk_rope_head_dim      Dqk = Dn + Dr
@@ -55,7 +55,7 @@ struct MlaConfig {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Width of the query "latent" fed to the query up-projection: Rq, or d without q latent.
   int64_t query_latent_dim() const { return q_lora_rank ? *q_lora_rank : hidden_size; }
-  // The softmax scaling of SPEC §1: softmax_scale if given, else Dqk^-0.5 times the YaRN
+  // The softmax scaling of docs/DESIGN.md §1: softmax_scale if given, else Dqk^-0.5 times the YaRN
   // mscale(factor, mscale_all_dim)^2 when YaRN with mscale_all_dim is configured.
   double scaling() const;
   // Multiplier applied to cos/sin by YaRN: mscale(factor, mscale) / mscale(factor, mscale_all_dim).

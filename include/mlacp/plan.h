@@ -1,4 +1,4 @@
-// CpPlan: how one MLA layer runs across ranks (SPEC §3). Immutable, validated at construction,
+// CpPlan: how one MLA layer runs across ranks (docs/DESIGN.md §3). Immutable, validated at construction,
 // identical on every rank (a fingerprint is compared when CP is installed), printable as text
 // and JSON. Pure C++: no tensors, no communication.
 #pragma once
@@ -12,7 +12,7 @@ namespace mlacp {
 enum class CpStrategy { expanded_ulysses, latent_kv_head };
 // The local attention kernel: blockwise (flash-style, no S x S scores; the default) or the naive
 // reference (materialised scores; the oracle, kept for checking).
-enum class AttentionKernel { blockwise, naive };
+enum class AttentionKernel { blockwise, reference };
 enum class CpPartition { contiguous, head_tail };
 
 std::string strategy_name(CpStrategy strategy);
@@ -46,7 +46,7 @@ struct CpPlanSpec {
 
 class CpPlan {
  public:
-  // Validates every rule of SPEC §3; throws mlacp::Error naming the first broken one.
+  // Validates every rule of docs/DESIGN.md §3; throws mlacp::Error naming the first broken one.
   explicit CpPlan(const CpPlanSpec& spec);
 
   const PlanDims& dims() const { return spec_.dims; }
@@ -75,7 +75,7 @@ class CpPlan {
   CpPlanSpec spec_;
 };
 
-// Global token indices held by CP rank `cp_rank` (SPEC §2):
+// Global token indices held by CP rank `cp_rank` (docs/DESIGN.md §2):
 //   contiguous: [r*S_l, (r+1)*S_l)
 //   head_tail:  chunks r and 2P-1-r of 2P equal chunks
 // Throws when seq_len is not divisible as the partition requires.
@@ -83,7 +83,7 @@ std::vector<int64_t> shard_token_indices(CpPartition partition, int64_t seq_len,
 // Checks seq_len divisibility for the partition (P for contiguous, 2P for head_tail).
 void check_shardable(CpPartition partition, int64_t seq_len, int64_t cp);
 
-// Elements each rank sends per layer by collective kind (SPEC §4), for a batch of B sequences of
+// Elements each rank sends per layer by collective kind (docs/DESIGN.md §4), for a batch of B sequences of
 // S tokens. "in" = forward input exchanges (all-to-all), "gather", "out" = output restore, and
 // the backward mirror (reduce_scatter for the latent gather's gradient).
 struct CommVolume {

@@ -21,6 +21,9 @@ MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype) {
     }
   }
   module->to(dtype);
+  // A case module is an oracle: its single-device path runs the reference kernel (CP runs use
+  // their plan's kernel).
+  module->set_attention_kernel(AttentionKernel::reference);
   return module;
 }
 

@@ -30,7 +30,8 @@ struct CaseInputs {
 
 // The module of a case, deterministic in (config, seed) whatever the dtype: parameters are drawn
 // in float32 and then cast, so float32 and float64 modules hold the same values. Norm weights are
-// perturbed away from 1 so their gradients are not trivially symmetric.
+// perturbed away from 1 so their gradients are not trivially symmetric. Its single-device path
+// runs the reference kernel (the oracle).
 MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype);
 CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype);
 // bool [1, 1, S, S] band mask with the case's masked rows.

@@ -20,7 +20,7 @@ CpCase make(const std::string& name, CpStrategy strategy, int64_t cp, int64_t ul
   c.mesh = {1, cp, 1, ulysses};
   c.strategy = strategy;
   c.partition = partition;
-  c.overlap = true;  // every case also checks overlap on == overlap off (SPEC §5)
+  c.overlap = true;  // every case also checks overlap on == overlap off (docs/DESIGN.md §5)
   return c;
 }
 
@@ -49,6 +49,13 @@ std::vector<CpCase> exactness_cp_cases() {
       CpCase c = make(n + "-tp2-cp2-gate", s, 2, 2, CpPartition::head_tail, true);
       c.mesh.tp = 2;
       c.base.config.output_gate = true;
+      cases.push_back(c);
+    }
+    {
+      CpCase c = make(n + "-tp2-cp2-bias", s, 2, 2, CpPartition::contiguous, true);
+      c.mesh.tp = 2;
+      c.base.config.attention_bias = true;
+      c.base.config.up_proj_bias = true;
       cases.push_back(c);
     }
     for (CpPartition p : {CpPartition::contiguous, CpPartition::head_tail})
@@ -82,8 +89,8 @@ std::vector<CpCase> exactness_cp_cases() {
     {
       // The naive kernel in the CP runtime: the schedules' single-call attention path (the
       // blockwise kernel's latent path splits rows, see own_rows_attention).
-      CpCase c = make(n + "-u2-naive-kernel", s, 4, 2, CpPartition::head_tail, true);
-      c.kernel = AttentionKernel::naive;
+      CpCase c = make(n + "-u2-reference-kernel", s, 4, 2, CpPartition::head_tail, true);
+      c.kernel = AttentionKernel::reference;
       cases.push_back(c);
     }
     {

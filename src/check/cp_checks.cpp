@@ -70,7 +70,7 @@ at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const MlaCo
   return full.narrow(0, tp_rank * rows, rows);
 }
 
-// Error of a CP quantity against the float64 reference, by dtype (SPEC §9).
+// Error of a CP quantity against the float64 reference, by dtype (docs/DESIGN.md §9).
 double error_of(const at::Tensor& value, const at::Tensor& reference, at::ScalarType dtype) {
   if (dtype == at::kDouble) return max_abs_error(value, reference);
   if (dtype == at::kFloat) return max_rel_error(value, reference);
@@ -128,7 +128,7 @@ ParallelGroups& GroupCache::get(const MeshShape& shape) {
 
 namespace {
 
-// One CP forward + backward + SPEC §7 reduction on this rank, with the case's plan (overlap as given).
+// One CP forward + backward + docs/DESIGN.md §7 reduction on this rank, with the case's plan (overlap as given).
 struct CpRun {
   at::Tensor output;                          // [B/dp, S_l, d]
   at::Tensor hidden_grad;                     // undefined when the input is frozen
@@ -141,24 +141,21 @@ CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
   const bool bf16 = c.dtype == at::kBFloat16;
   const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;
   MlaAttention module = make_case_module(c.base, param_dtype);
-  if (c.mesh.tp > 1) module->shard_heads_for_tp(groups.tp_rank, c.mesh.tp);
   freeze(c, module);
-  CpPlanSpec spec = plan_spec_for(c.base.config, groups.shape, c.strategy, c.partition, overlap);
-  spec.kernel = c.kernel;
-  install_context_parallel(module, CpPlan(spec), groups);
+  parallelize(module, groups, {c.strategy, c.partition, overlap, c.kernel});
   CaseInputs global = make_case_inputs(c.base, param_dtype);
   at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!is_frozen(c, "hidden"));
   at::Tensor weight = mine(global.output_weight);
   CpRun run;
-  groups.counters->reset();
+  groups.instruments.counters->reset();
   {
     std::unique_ptr<compat::AutocastGuard> autocast;
     if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
     run.output = module->forward(hidden, global.options);
-    run.forward_counts = *groups.counters;
+    run.forward_counts = *groups.instruments.counters;
     (run.output.to(at::kDouble) * weight.to(at::kDouble)).sum().backward();
   }
-  run.total_counts = *groups.counters;
+  run.total_counts = *groups.instruments.counters;
   reduce_gradients(module->named_parameters(), groups);
   run.output = run.output.detach();
   run.hidden_grad = hidden.grad();
@@ -243,7 +240,7 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
         std::abs(bwd_a2a - v.backward_all_to_all * es) + std::abs(bwd_rs - v.backward_reduce * wide), 0.0);
   }
   if (c.overlap && c.mesh.cp > 1) {
-    // The overlap schedule against the plain one, on the same ranks (SPEC §5: identical results).
+    // The overlap schedule against the plain one, on the same ranks (docs/DESIGN.md §5: identical results).
     const CpRun plain = run_cp_once(c, groups, false, mine);
     double diff = max_abs_error(run.output, plain.output);
     if (run.hidden_grad.defined()) diff = std::max(diff, max_abs_error(run.hidden_grad, plain.hidden_grad));

@@ -1,6 +1,6 @@
-// Multi-rank verification (SPEC §9): a CP case run on real ranks against the single-device
+// Multi-rank verification (docs/DESIGN.md §9): a CP case run on real ranks against the single-device
 // reference. Every rank computes the float64 reference itself (the cases are small), runs its
-// shard through the installed runtime, reduces gradients (SPEC §7) and compares its own slices;
+// shard through the installed runtime, reduces gradients (docs/DESIGN.md §7) and compares its own slices;
 // errors are max-reduced over the world so every rank reports the same rows.
 #pragma once
 
@@ -24,12 +24,12 @@ struct CpCase {
   at::ScalarType dtype = at::kDouble;  // kBFloat16: float32 parameters under bf16 autocast
   std::vector<std::string> frozen;     // parameter-name prefixes frozen; "hidden" freezes the input
   AttentionKernel kernel = AttentionKernel::blockwise;        // the CP runtime's local kernel
-  AttentionKernel reference_kernel = AttentionKernel::naive;  // the single-device oracle's
+  AttentionKernel reference_kernel = AttentionKernel::reference;  // the single-device oracle's
   bool reference_on_rank0 = false;  // long sequences: rank 0 alone computes the reference and shares it
   std::string describe() const;        // one line with every parameter
 };
 
-// Tolerances (SPEC §9).
+// Tolerances (docs/DESIGN.md §9).
 constexpr double kCpFloat64Tolerance = 1e-10;  // max abs error
 constexpr double kCpFloat32Tolerance = 1e-5;   // max error relative to max |reference|
 constexpr double kCpBf16Factor = 2.0;          // bf16: at most 2x the single-device bf16 error

@@ -1,5 +1,7 @@
 #include "check/single_device_checks.h"
 
+#include "model/mla_layer.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -103,11 +105,11 @@ std::vector<CheckRow> check_masked_rows(const VerifyCase& c) {
   if (c.masked_rows.empty()) return {};
   MlaAttention module = make_case_module(c, at::kDouble);
   CaseInputs inputs = make_case_inputs(c, at::kDouble);
-  const ResolvedForward resolved = module->resolve(inputs.hidden, inputs.options);
-  LocalLatents latents = module->compute_latents(inputs.hidden);
+  const ResolvedForward resolved = MlaLayer::resolve(*module, inputs.hidden, inputs.options);
+  LocalLatents latents = MlaLayer::compute_latents(*module, inputs.hidden);
   at::Tensor query_latent = latents.query_latent.detach().requires_grad_(true);
   latents.query_latent = query_latent;
-  at::Tensor core = module->reference_core(latents, resolved);  // [B, S, H*Dv]
+  at::Tensor core = MlaLayer::single_device_core(*module, latents, resolved);  // [B, S, H*Dv]
   (core * core).sum().backward();
   double error = 0.0;
   if (!core.isfinite().all().item<bool>() || !query_latent.grad().isfinite().all().item<bool>()) error = NAN;

@@ -18,7 +18,7 @@ struct CheckRow {
   bool passed() const { return error <= tolerance; }  // NaN fails
 };
 
-// Tolerances (SPEC §9), also quoted in the README.
+// Tolerances (docs/DESIGN.md §9), also quoted in the README.
 constexpr double kFiniteDifferenceTolerance = 1e-6;  // float64 central differences, eps 1e-6
 constexpr double kFloat32RelTolerance = 1e-5;        // float32 vs float64, relative to max |ref|
 // bf16 autocast vs float64, ||err|| / ||ref|| per tensor. bf16 keeps 8 bits (2^-8 = 3.9e-3 per

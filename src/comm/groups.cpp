@@ -54,14 +54,13 @@ c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Stor
 // Builds the group of `members` (world ranks) if this rank is one of them.
 CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
                      const std::vector<int64_t>& members, int64_t world_rank, const GroupOptions& options,
-                     const std::shared_ptr<CommCounters>& counters, const std::shared_ptr<LinkModel>& link,
-                     const std::shared_ptr<Timeline>& timeline) {
+                     const Instruments& instruments) {
   auto impl = std::make_shared<CommGroup::Impl>();
   impl->size = static_cast<int64_t>(members.size());
   impl->name = name;
-  impl->counters = counters;
-  impl->link = link;
-  impl->timeline = timeline;
+  impl->counters = instruments.counters;
+  impl->link = instruments.link;
+  impl->timeline = instruments.timeline;
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i] == world_rank) impl->rank = static_cast<int64_t>(i);
   if (impl->size > 1) {
@@ -81,9 +80,9 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
   g.shape = requested;
   if (g.shape.ulysses == 0) g.shape.ulysses = g.shape.cp;
   const MeshShape& s = g.shape;
-  g.counters = std::make_shared<CommCounters>();
-  g.link = std::make_shared<LinkModel>(options.link);
-  g.timeline = std::make_shared<Timeline>();
+  g.instruments.counters = std::make_shared<CommCounters>();
+  g.instruments.link = std::make_shared<LinkModel>(options.link);
+  g.instruments.timeline = std::make_shared<Timeline>();
   const int64_t r = world.rank;
   g.tp_rank = r % s.tp;
   g.cp_rank = (r / s.tp) % s.cp;
@@ -97,12 +96,12 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
   const int64_t u = s.ulysses, a = g.cp_rank / u;
   for (int64_t j = 0; j < u; ++j) ulysses_members.push_back(world_rank(g.dp_rank, a * u + j, g.tp_rank));
   for (int64_t i = 0; i < s.cp / u; ++i) gather_members.push_back(world_rank(g.dp_rank, i * u + g.cp_rank % u, g.tp_rank));
-  g.world = make_group(store, "world", all, r, options, g.counters, g.link, g.timeline);
-  g.dp = make_group(store, "dp", dp_members, r, options, g.counters, g.link, g.timeline);
-  g.cp = make_group(store, "cp", cp_members, r, options, g.counters, g.link, g.timeline);
-  g.tp = make_group(store, "tp", tp_members, r, options, g.counters, g.link, g.timeline);
-  g.ulysses = make_group(store, "ulysses", ulysses_members, r, options, g.counters, g.link, g.timeline);
-  g.all_gather = make_group(store, "all_gather", gather_members, r, options, g.counters, g.link, g.timeline);
+  g.world = make_group(store, "world", all, r, options, g.instruments);
+  g.dp = make_group(store, "dp", dp_members, r, options, g.instruments);
+  g.cp = make_group(store, "cp", cp_members, r, options, g.instruments);
+  g.tp = make_group(store, "tp", tp_members, r, options, g.instruments);
+  g.ulysses = make_group(store, "ulysses", ulysses_members, r, options, g.instruments);
+  g.all_gather = make_group(store, "all_gather", gather_members, r, options, g.instruments);
   // Nobody leaves before every peer has finished connecting (a rank that exits right after
   // creation would otherwise break a peer's half-built connection).
   barrier(g.world);

@@ -37,17 +37,17 @@ class LambdaBackward : public torch::autograd::Node {
 
 SavedForBackward::SavedForBackward(std::vector<at::Tensor> tensors, std::vector<std::string> names)
     : tensors_(std::move(tensors)), names_(std::move(names)) {
-  for (const at::Tensor& t : tensors_) versions_.push_back(static_cast<int64_t>(t._version()));
+  for (const at::Tensor& t : tensors_) versions_.push_back(t.defined() ? static_cast<int64_t>(t._version()) : -1);
 }
 
 void SavedForBackward::check(const char* what) const {
   for (size_t i = 0; i < tensors_.size(); ++i)
-    MLACP_REQUIRE(static_cast<int64_t>(tensors_[i]._version()) == versions_[i], what,
+    MLACP_REQUIRE(!tensors_[i].defined() || static_cast<int64_t>(tensors_[i]._version()) == versions_[i], what,
                   "a tensor saved for backward was modified in place after the forward",
                   {got("tensor", i < names_.size() ? names_[i] : std::to_string(i)),
                    got("version_at_forward", versions_[i]),
                    got("version_now", static_cast<int64_t>(tensors_[i]._version()))},
-                  "modify a clone instead");
+                  "modify a clone instead, or run backward before changing it (e.g. optimizer.step() after backward)");
 }
 
 std::vector<at::Tensor> attach_backward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,

@@ -2,6 +2,8 @@
 // Everything else calls these helpers.
 #pragma once
 
+#include <memory>
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -67,6 +69,22 @@ class AutocastGuard {
   c10::DeviceType device_;
   bool was_enabled_;
   c10::ScalarType was_dtype_;
+};
+
+// The autocast state of a forward, captured when it runs and re-entered by backward code that
+// computes GEMMs itself (a backward runs outside the forward's autocast region). The one capture
+// used by schedules and kernels.
+struct AutocastSnapshot {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  bool enabled = false;
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;
+  static AutocastSnapshot capture(c10::DeviceType device = c10::DeviceType::CPU) {
+    return {device, autocast_enabled(device), autocast_dtype(device)};
+  }
+  // Re-enters the captured state for the guard's lifetime (null when autocast was off).
+  std::unique_ptr<AutocastGuard> enter() const {
+    return enabled ? std::make_unique<AutocastGuard>(device, true, dtype) : nullptr;
+  }
 };
 
 }  // namespace mlacp::compat

@@ -1,4 +1,4 @@
-// A per-process timeline of compute spans, collective launches and waits (SPEC §10): what the
+// A per-process timeline of compute spans, collective launches and waits (docs/DESIGN.md §10): what the
 // overlap schedules are judged by. Written as a Chrome/Perfetto trace, one track per rank.
 // Recording is off unless enabled; when off, every call is a cheap no-op.
 #pragma once

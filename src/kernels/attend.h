@@ -1,4 +1,4 @@
-// The one place that chooses the local attention kernel (blockwise by default, naive for checking).
+// The one place that chooses the local attention kernel (blockwise by default, the reference oracle for checking).
 #pragma once
 
 #include "kernels/reference_attention.h"

@@ -1,12 +1,12 @@
 // The naive reference attention: materialised scores, plain ATen ops, float64-capable.
-// It is the oracle every faster or parallel path is judged against (SPEC §9): never optimise it.
+// It is the oracle every faster or parallel path is judged against (docs/DESIGN.md §9): never optimise it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace mlacp {
 
-// Which (query row, key row) pairs may attend (SPEC §1 step 7):
+// Which (query row, key row) pairs may attend (docs/DESIGN.md §1 step 7):
 //   allowed(i, j) = same document ∧ (key_token ≤ query_token when causal) ∧ mask(i, j)
 // Rows carry their *global* token index, so a slice of queries (a CP shard, a Ulysses block,
 // a head_tail layout) is described exactly.

@@ -1,4 +1,4 @@
-// Rotary position embedding for MLA (SPEC §1 step 5): the frequencies (plain or DeepSeek YaRN)
+// Rotary position embedding for MLA (docs/DESIGN.md §1 step 5): the frequencies (plain or DeepSeek YaRN)
 // and their application in half-split or interleaved lane order.
 // Owns: the math. Does not own: where positions come from (forward inputs / the plan).
 #pragma once

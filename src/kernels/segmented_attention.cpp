@@ -36,8 +36,7 @@ SegmentedAttention::SegmentedAttention(const at::Tensor& k, const at::Tensor& v,
       structure_(std::move(structure)),
       rows_(rows),
       options_(options),
-      autocast_enabled_(compat::autocast_enabled(c10::DeviceType::CPU)),
-      autocast_dtype_(compat::autocast_dtype(c10::DeviceType::CPU)) {
+      autocast_(compat::AutocastSnapshot::capture()) {
   MLACP_REQUIRE(k.dim() == 4 && v.dim() == 4 && structure_.query_token_index.defined() &&
                     structure_.query_token_index.size(0) == rows,
                 kWhat, "k and v must be [B,H,Sk,D] and the structure must describe every query row",
@@ -82,11 +81,10 @@ at::Tensor SegmentedAttention::finish(const at::Tensor& q, const at::Tensor& k, 
 
   const SavedForBackward saved({q.detach(), k_, v_, out_}, {"q", "k", "v", "out"});
   BackwardFn backward = [saved, segments = segments_, structure = structure_, scaling = scaling_, options = options_,
-                         autocast_enabled = autocast_enabled_,
-                         autocast_dtype = autocast_dtype_](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
+                         autocast = autocast_](std::vector<at::Tensor> grads) -> std::vector<at::Tensor> {
     saved.check(kWhat);
     // The forward's kernel path depends on autocast: the same path must run backward.
-    compat::AutocastGuard autocast(c10::DeviceType::CPU, autocast_enabled, autocast_dtype);
+    const auto autocast_guard = autocast.enter();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
     const at::Tensor dout = grads[0].scalar_type() == out.scalar_type() ? grads[0] : grads[0].to(out.scalar_type());
     BlockwiseGrads g{at::empty_like(q), at::empty_like(k), at::empty_like(v)};

@@ -1,6 +1,6 @@
 // Attention whose query rows are computed in segments at different times, under one autograd
 // node: a schedule computes the rows it already holds while the others are still in flight
-// (SPEC §5, latent strategy: this rank's own rows under the Q exchange). Blockwise kernel.
+// (docs/DESIGN.md §5, latent strategy: this rank's own rows under the Q exchange). Blockwise kernel.
 //
 //   SegmentedAttention a(k, v, scaling, structure, rows);  // structure describes all `rows` rows
 //   a.compute_rows(q_rows, begin);                          // rows [begin, begin+n): now, no graph
@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "core/compat.h"
 
 #include "kernels/blockwise_attention.h"
 
@@ -46,8 +48,7 @@ class SegmentedAttention {
   AttentionStructure structure_;
   int64_t rows_;
   BlockwiseOptions options_;
-  bool autocast_enabled_;
-  c10::ScalarType autocast_dtype_;
+  compat::AutocastSnapshot autocast_;
   std::vector<Segment> segments_;
   bool finished_ = false;
 };

@@ -47,7 +47,7 @@ constexpr const char* kWhat = "MLA config";
 
 void require_positive(int64_t value, const char* name) {
   MLACP_REQUIRE(value > 0, kWhat, std::string(name) + " must be > 0", {got(name, value)},
-          "set it from the model's config.json or a preset (mlacp info --presets)");
+          "set it from the model's config.json or a preset (`mlacp info` lists them)");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The one boundary that checks a forward call's inputs (SPEC §6, §8), in a fixed order:
+// The one boundary that checks a forward call's inputs (docs/DESIGN.md §6, §8), in a fixed order:
 // hidden state -> unsupported options -> document lengths -> mask -> positions.
 // Code behind it trusts the ResolvedForward it returns.
 #pragma once

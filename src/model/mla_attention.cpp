@@ -1,4 +1,5 @@
 #include "mlacp/attention.h"
+#include "model/mla_layer.h"
 
 #include <ATen/ATen.h>
 
@@ -66,78 +67,91 @@ MlaAttentionImpl::MlaAttentionImpl(const MlaConfig& config, const at::TensorOpti
 
 torch::nn::Linear& MlaAttentionImpl::query_up_projection() { return config_.q_lora_rank ? q_b_proj : q_proj; }
 
-ResolvedForward MlaAttentionImpl::resolve(const at::Tensor& hidden, const MlaForwardOptions& options) const {
-  return resolve_forward_inputs(config_, hidden, options, is_training());
+ResolvedForward MlaLayer::resolve(const MlaAttentionImpl& m, const at::Tensor& hidden,
+                                  const MlaForwardOptions& options) {
+  return resolve_forward_inputs(m.config_, hidden, options, m.is_training());
 }
 
 at::Tensor MlaAttentionImpl::forward(const at::Tensor& hidden, const MlaForwardOptions& options) {
   if (core_) return core_->forward(*this, hidden, options);
-  const ResolvedForward resolved = resolve(hidden, options);
-  const LocalLatents latents = compute_latents(hidden);
-  const at::Tensor attention = reference_core(latents, resolved);  // [B, S, H*Dv]
-  return project_output(attention, hidden);                          // [B, S, d]
+  const ResolvedForward resolved = MlaLayer::resolve(*this, hidden, options);
+  const LocalLatents latents = MlaLayer::compute_latents(*this, hidden);
+  const at::Tensor attention = MlaLayer::single_device_core(*this, latents, resolved);  // [B, S, H*Dv]
+  return MlaLayer::project_output(*this, attention, hidden);                              // [B, S, d]
 }
 
-LocalLatents MlaAttentionImpl::compute_latents(const at::Tensor& hidden) {
-  const MlaConfig& c = config_;
+std::string MlaAttentionImpl::parallel_description() const { return core_ ? core_->describe() : "single device"; }
+
+LocalLatents MlaLayer::compute_latents(MlaAttentionImpl& m, const at::Tensor& hidden) {
+  const MlaConfig& c = m.config_;
   LocalLatents latents;
-  at::Tensor compressed = kv_a_proj_with_mqa(hidden);                                  // [B, S, Rkv+Dr]
+  at::Tensor compressed = m.kv_a_proj_with_mqa(hidden);                                  // [B, S, Rkv+Dr]
   // split (not two narrows): its backward is one cat, not a zero-filled buffer per part.
   std::vector<at::Tensor> parts = compressed.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
-  latents.kv_latent = kv_a_layernorm(parts[0]);  // [B, S, Rkv]
+  latents.kv_latent = m.kv_a_layernorm(parts[0]);  // [B, S, Rkv]
   latents.key_rope_raw = parts[1];               // [B, S, Dr]
   // Without a q latent the hidden state is the query "latent"; under autocast it takes the
   // latents' dtype (q_proj would cast it anyway), so all three travel in one dtype.
-  latents.query_latent = c.q_lora_rank ? q_a_layernorm(q_a_proj(hidden))             // [B, S, Rq|d]
+  latents.query_latent = c.q_lora_rank ? m.q_a_layernorm(m.q_a_proj(hidden))             // [B, S, Rq|d]
                                        : hidden.to(compressed.scalar_type());
   return latents;
 }
 
-at::Tensor MlaAttentionImpl::expand_query(const at::Tensor& query_latent, const at::Tensor& rope_positions) {
-  const MlaConfig& c = config_;
-  at::Tensor q = query_up_projection()(query_latent);  // [B, S, H*Dqk]
-  q = q.view({q.size(0), q.size(1), local_heads_, c.qk_head_dim()});  // [B, S, H, Dqk]
+at::Tensor MlaLayer::expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const at::Tensor& rope_positions) {
+  const MlaConfig& c = m.config_;
+  at::Tensor q = m.query_up_projection()(query_latent);  // [B, S, H*Dqk]
+  q = q.view({q.size(0), q.size(1), m.local_heads_, c.qk_head_dim()});  // [B, S, H, Dqk]
   std::vector<at::Tensor> parts = q.split_with_sizes({c.qk_nope_head_dim, c.qk_rope_head_dim}, -1);
-  at::Tensor q_pe = apply_rope(parts[1], rope_positions, rope_->frequencies);
+  at::Tensor q_pe = apply_rope(parts[1], rope_positions, m.rope_->frequencies);
   return at::cat({parts[0], q_pe}, -1);  // [B, S, H, Dqk]
 }
 
-at::Tensor MlaAttentionImpl::rotate_key(const at::Tensor& key_rope_raw, const at::Tensor& rope_positions) const {
-  return apply_rope(key_rope_raw, rope_positions, rope_->frequencies);  // [B, S, Dr]
+std::vector<at::Tensor> MlaLayer::query_parameters(MlaAttentionImpl& m) {
+  torch::nn::Linear& linear = m.query_up_projection();
+  std::vector<at::Tensor> params{linear->weight};
+  if (linear->bias.defined()) params.push_back(linear->bias);
+  return params;
 }
 
-std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::kv_up_rows(int64_t head_begin, int64_t head_end) {
-  const int64_t head_width = config_.qk_nope_head_dim + config_.v_head_dim;
-  MLACP_REQUIRE(0 <= head_begin && head_begin < head_end && head_end <= local_heads_, kCore,
+at::Tensor MlaLayer::rotate_key(const MlaAttentionImpl& m, const at::Tensor& key_rope_raw,
+                                const at::Tensor& rope_positions) {
+  return apply_rope(key_rope_raw, rope_positions, m.rope_->frequencies);  // [B, S, Dr]
+}
+
+std::pair<at::Tensor, at::Tensor> MlaLayer::kv_up_rows(MlaAttentionImpl& m, int64_t head_begin, int64_t head_end) {
+  const int64_t head_width = m.config_.qk_nope_head_dim + m.config_.v_head_dim;
+  MLACP_REQUIRE(0 <= head_begin && head_begin < head_end && head_end <= m.local_heads_, kCore,
                 "head range must lie inside kv_b_proj's heads",
-                {got("head_begin", head_begin), got("head_end", head_end), got("heads", local_heads_)},
+                {got("head_begin", head_begin), got("head_end", head_end), got("heads", m.local_heads_)},
                 "use [u*Hc, (u+1)*Hc) for Ulysses rank u");
   const int64_t heads = head_end - head_begin;
   // Slicing the parameter keeps its identity: the gradient lands in these rows only.
-  at::Tensor weight = kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
+  at::Tensor weight = m.kv_b_proj->weight.narrow(0, head_begin * head_width, heads * head_width);
   at::Tensor bias;
-  if (kv_b_proj->bias.defined()) bias = kv_b_proj->bias.narrow(0, head_begin * head_width, heads * head_width);
+  if (m.kv_b_proj->bias.defined()) bias = m.kv_b_proj->bias.narrow(0, head_begin * head_width, heads * head_width);
   return {weight, bias};
 }
 
-std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::assemble_key_value(const at::Tensor& projected,
-                                                                       const at::Tensor& key_rope) const {
-  const MlaConfig& c = config_;
+std::pair<at::Tensor, at::Tensor> MlaLayer::assemble_key_value(const MlaAttentionImpl& m, const at::Tensor& projected,
+                                                               const at::Tensor& key_rope) {
+  const MlaConfig& c = m.config_;
   const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
   const int64_t heads = projected.size(2) / head_width;
   at::Tensor kv = projected.view({projected.size(0), projected.size(1), heads, head_width});  // [B, S, h, Dn+Dv]
   std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_nope_head_dim, c.v_head_dim}, -1);
-  at::Tensor key_nope = parts[0];  // [B, S, h, Dn]
-  at::Tensor value = parts[1];     // [B, S, h, Dv]
-  at::Tensor shared = key_rope.unsqueeze(2).expand({kv.size(0), kv.size(1), heads, c.qk_rope_head_dim});
-  at::Tensor key = at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);               // [B, S, h, Dqk]
-  return {key, value};
+  return {assemble_key(parts[0], key_rope), parts[1]};  // [B, S, h, Dqk], [B, S, h, Dv]
 }
 
-std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::Tensor& kv_latent,
-                                                                     const at::Tensor& key_rope,
-                                                                     int64_t head_begin, int64_t head_end) {
-  const MlaConfig& c = config_;
+at::Tensor MlaLayer::assemble_key(const at::Tensor& key_nope, const at::Tensor& key_rope) {
+  const auto& s = key_nope.sizes();  // [B, S, h, Dn]
+  at::Tensor shared = key_rope.unsqueeze(2).expand({s[0], s[1], s[2], key_rope.size(-1)});  // [B, S, h, Dr]
+  return at::cat({key_nope, shared.to(key_nope.scalar_type())}, -1);                       // [B, S, h, Dqk]
+}
+
+std::pair<at::Tensor, at::Tensor> MlaLayer::expand_key_value(MlaAttentionImpl& m, const at::Tensor& kv_latent,
+                                                             const at::Tensor& key_rope, int64_t head_begin,
+                                                             int64_t head_end) {
+  const MlaConfig& c = m.config_;
   MLACP_REQUIRE(kv_latent.dim() == 3 && kv_latent.size(2) == c.kv_lora_rank && key_rope.dim() == 3 &&
                     key_rope.size(2) == c.qk_rope_head_dim && key_rope.size(0) == kv_latent.size(0) &&
                     key_rope.size(1) == kv_latent.size(1),
@@ -145,8 +159,8 @@ std::pair<at::Tensor, at::Tensor> MlaAttentionImpl::expand_key_value(const at::T
                 {got("kv_latent.shape", shape_text(kv_latent)), got("key_rope.shape", shape_text(key_rope)),
                  got("Rkv", c.kv_lora_rank), got("Dr", c.qk_rope_head_dim)},
                 "pass the latents of compute_latents");
-  auto [weight, bias] = kv_up_rows(head_begin, head_end);
-  return assemble_key_value(at::linear(kv_latent, weight, bias), key_rope);  // [B, S, h, *]
+  auto [weight, bias] = kv_up_rows(m, head_begin, head_end);
+  return assemble_key_value(m, at::linear(kv_latent, weight, bias), key_rope);  // [B, S, h, *]
 }
 
 void MlaAttentionImpl::validate_latents(const LocalLatents& l) const {
@@ -181,47 +195,63 @@ void MlaAttentionImpl::validate_latents(const LocalLatents& l) const {
   }
 }
 
-at::Tensor MlaAttentionImpl::reference_core(const LocalLatents& latents, const ResolvedForward& r) {
-  validate_latents(latents);
+at::Tensor MlaLayer::single_device_core(MlaAttentionImpl& m, const LocalLatents& latents, const ResolvedForward& r) {
+  m.validate_latents(latents);
   MLACP_REQUIRE(latents.query_latent.size(0) == r.batch && latents.query_latent.size(1) == r.seq_len, kCore,
                 "latents must cover the resolved batch and sequence",
                 {got("latents.shape", shape_text(latents.query_latent)), got("batch", r.batch),
                  got("seq_len", r.seq_len)},
                 "resolve and compute the latents from the same hidden states");
-  const MlaConfig& c = config_;
-  at::Tensor query = expand_query(latents.query_latent, r.rope_positions);      // [B, S, H, Dqk]
-  at::Tensor key_rope = rotate_key(latents.key_rope_raw, r.rope_positions);    // [B, S, Dr]
-  auto [key, value] = expand_key_value(latents.kv_latent, key_rope, 0, local_heads_);
+  const MlaConfig& c = m.config_;
+  at::Tensor query = expand_query(m, latents.query_latent, r.rope_positions);      // [B, S, H, Dqk]
+  at::Tensor key_rope = rotate_key(m, latents.key_rope_raw, r.rope_positions);    // [B, S, Dr]
+  auto [key, value] = expand_key_value(m, latents.kv_latent, key_rope, 0, m.local_heads_);
   AttentionStructure structure;
   structure.causal = r.causal;
   structure.query_token_index = r.local_tokens;
   structure.key_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
   structure.document_ends = r.document_ends;
   structure.mask = r.mask;
-  at::Tensor out = attend(kernel_, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scaling_,
+  at::Tensor out = attend(m.kernel_, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), m.scaling_,
                           structure);  // [B, H, S, Dv]
-  return out.transpose(1, 2).reshape({r.batch, r.seq_len, local_heads_ * c.v_head_dim});  // [B, S, H*Dv]
+  return out.transpose(1, 2).reshape({r.batch, r.seq_len, m.local_heads_ * c.v_head_dim});  // [B, S, H*Dv]
 }
 
-at::Tensor MlaAttentionImpl::project_output(const at::Tensor& attention, const at::Tensor& hidden,
-                                            const std::function<at::Tensor(const at::Tensor&)>& reduce_partial) {
+at::Tensor MlaLayer::gate(MlaAttentionImpl& m, const at::Tensor& hidden) {
+  return at::sigmoid(m.o_gate_proj(hidden));  // [B, S, H*Dv]
+}
+
+std::vector<at::Tensor> MlaLayer::gate_parameters(MlaAttentionImpl& m) {
+  std::vector<at::Tensor> params{m.o_gate_proj->weight};
+  if (m.o_gate_proj->bias.defined()) params.push_back(m.o_gate_proj->bias);
+  return params;
+}
+
+at::Tensor MlaLayer::project_output(MlaAttentionImpl& m, const at::Tensor& attention, const at::Tensor& hidden,
+                                    const std::function<at::Tensor(const at::Tensor&)>& reduce_partial) {
   at::Tensor gated = attention;                                       // [B, S, H*Dv]
-  if (config_.output_gate) gated = attention * at::sigmoid(o_gate_proj(hidden));
-  if (!reduce_partial) return o_proj(gated);                          // [B, S, d]
-  at::Tensor y = reduce_partial(at::linear(gated, o_proj->weight));  // row-parallel: sum over TP
-  return o_proj->bias.defined() ? y + o_proj->bias : y;
+  if (m.config_.output_gate) gated = attention * gate(m, hidden);
+  if (!reduce_partial) return m.o_proj(gated);                        // [B, S, d]
+  at::Tensor y = reduce_partial(at::linear(gated, m.o_proj->weight));  // row-parallel: sum over TP
+  return m.o_proj->bias.defined() ? y + m.o_proj->bias : y;
 }
 
-void MlaAttentionImpl::install_core(std::shared_ptr<AttentionCore> core) {
-  MLACP_REQUIRE(!core_, "MLA attention", "a parallel runtime is already installed on this module",
-                {got("installed", core_->describe())}, "install CP once per module; build a new module to change it");
-  core_ = std::move(core);
+void MlaLayer::install_core(MlaAttentionImpl& m, std::shared_ptr<AttentionCore> core) {
+  MLACP_REQUIRE(!m.core_, "MLA attention", "a parallel runtime is already installed on this module",
+                {got("installed", m.core_->describe())}, "install CP once per module; build a new module to change it");
+  m.core_ = std::move(core);
 }
+
+const AttentionCore* MlaLayer::installed_core(const MlaAttentionImpl& m) { return m.core_.get(); }
 
 bool MlaAttentionImpl::is_tp_sharded_parameter(const std::string& name) {
   for (const char* prefix : {"q_b_proj.", "q_proj.", "kv_b_proj.", "o_gate_proj."})
     if (name.rfind(prefix, 0) == 0) return true;
   return name == "o_proj.weight";
+}
+
+bool MlaAttentionImpl::skips_tp_reduction(const std::string& name) {
+  return is_tp_sharded_parameter(name) || name == "o_proj.bias";
 }
 
 void MlaAttentionImpl::shard_heads_for_tp(int64_t tp_rank, int64_t tp_size) {

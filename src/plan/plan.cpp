@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/hash.h"
 #include "mlacp/errors.h"
 
 namespace mlacp {
@@ -38,13 +39,13 @@ CpPartition parse_partition(const std::string& name) {
        "head_tail balances causal attention across ranks");
 }
 
-std::string kernel_name(AttentionKernel k) { return k == AttentionKernel::blockwise ? "blockwise" : "naive"; }
+std::string kernel_name(AttentionKernel k) { return k == AttentionKernel::blockwise ? "blockwise" : "reference"; }
 
 AttentionKernel parse_kernel(const std::string& name) {
   if (name == "blockwise") return AttentionKernel::blockwise;
-  if (name == "naive" || name == "reference") return AttentionKernel::naive;
-  fail(kWhat, "attention kernel must be blockwise or naive", {got("kernel", name)},
-       "blockwise never materialises S x S scores; naive is the reference oracle");
+  if (name == "reference" || name == "naive") return AttentionKernel::reference;  // "naive": the old spelling
+  fail(kWhat, "attention kernel must be blockwise or reference", {got("kernel", name)},
+       "blockwise never materialises S x S scores; reference (alias naive) is the oracle with S x S scores");
 }
 
 CpPlan::CpPlan(const CpPlanSpec& spec) : spec_(spec) {
@@ -103,13 +104,7 @@ std::string CpPlan::to_json() const {
 }
 
 uint64_t CpPlan::fingerprint() const {
-  // FNV-1a over the canonical JSON: stable across processes and builds.
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char ch : to_json()) {
-    hash ^= ch;
-    hash *= 1099511628211ull;
-  }
-  return hash;
+  return fnv1a64(to_json());  // over the canonical JSON: stable across processes and builds
 }
 
 void check_shardable(CpPartition partition, int64_t seq_len, int64_t cp) {

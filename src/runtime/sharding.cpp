@@ -1,4 +1,4 @@
-// Sequence sharding helpers (SPEC §2) and the trainer's gradient reduction (SPEC §7).
+// Sequence sharding helpers (docs/DESIGN.md §2): shard, unshard and gather along the sequence.
 #include <algorithm>
 
 #include <ATen/ATen.h>
@@ -63,51 +63,6 @@ std::vector<int64_t> shard_document_ends(const std::vector<int64_t>& global_ends
       local_ends.push_back(static_cast<int64_t>(i) + 1);
   }
   return local_ends;
-}
-
-void reduce_gradients(const torch::OrderedDict<std::string, at::Tensor>& parameters, const ParallelGroups& groups,
-                      const std::function<bool(const std::string&)>& is_tp_sharded) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> all, replicated;
-  std::string present;
-  for (const auto& item : parameters) {
-    const at::Tensor& grad = item.value().grad();
-    present += grad.defined() ? '1' : '0';
-    if (!grad.defined()) continue;
-    all.push_back(grad);
-    if (!is_tp_sharded(item.key())) replicated.push_back(grad);
-  }
-  // The set of parameters with gradients must agree across ranks, or the buckets would not match.
-  uint64_t hash = 1469598103934665603ull;
-  for (char ch : present) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  for (const CommGroup* group : {&groups.cp, &groups.dp, &groups.tp}) {
-    for (uint64_t other : all_gather_u64(*group, hash)) {
-      MLACP_REQUIRE(other == hash, "gradient reduction", "ranks disagree on which parameters have gradients",
-                    {got("group", group->name()), got("this_rank_pattern", present)},
-                    "freeze the same parameters on every rank");
-    }
-  }
-  auto reduce = [](const CommGroup& group, const std::vector<at::Tensor>& grads, const std::string& label) {
-    if (group.size() == 1 || grads.empty()) return;
-    std::vector<at::Tensor> flat;
-    for (const auto& g : grads) {
-      MLACP_REQUIRE(g.scalar_type() == grads.front().scalar_type(), "gradient reduction",
-                    "all gradients must share one dtype (they travel in one bucket)",
-                    {got("first", grads.front().scalar_type()), got("other", g.scalar_type())},
-                    "keep parameters in one dtype (use autocast for bf16 compute)");
-      flat.push_back(g.reshape(-1));
-    }
-    at::Tensor bucket = at::cat(flat);
-    at::Tensor summed = launch_all_reduce_sum(group, bucket, label).wait_one();
-    int64_t offset = 0;
-    for (const auto& g : grads) {
-      g.copy_(summed.narrow(0, offset, g.numel()).view_as(g));
-      offset += g.numel();
-    }
-  };
-  reduce(groups.cp, all, "grad_cp");
-  reduce(groups.dp, all, "grad_dp");
-  reduce(groups.tp, replicated, "grad_tp");
 }
 
 }  // namespace mlacp

@@ -172,17 +172,13 @@ at::Tensor DecoderLmImpl::forward(const at::Tensor& tokens, const std::vector<st
   return lm_head(norm(h));  // [B, S_l, V]
 }
 
-void DecoderLmImpl::shard_heads_for_tp(int64_t tp_rank, int64_t tp_size) {
-  for (auto& layer : layers) layer->self_attn->shard_heads_for_tp(tp_rank, tp_size);
-}
-
-void DecoderLmImpl::install_parallel(const CpPlan& plan, const ParallelGroups& groups) {
-  for (auto& layer : layers) install_context_parallel(layer->self_attn, plan, groups);
+void DecoderLmImpl::parallelize(const ParallelGroups& groups, const CpOptions& options) {
+  for (auto& layer : layers) mlacp::parallelize(layer->self_attn, groups, options);
 }
 
 bool DecoderLmImpl::skips_tp_reduction(const std::string& name) {
   const std::string inner = attention_parameter(name);
-  return inner.empty() || MlaAttentionImpl::is_tp_sharded_parameter(inner);
+  return inner.empty() || MlaAttentionImpl::skips_tp_reduction(inner);
 }
 
 bool DecoderLmImpl::is_tp_split(const std::string& name) {

@@ -5,7 +5,7 @@
 //                   -> norm -> lm_head -> logits [B, S_l, V]
 //
 // With context parallelism every rank runs the model on its CP shard of the tokens; only the
-// attention layers talk to other ranks (installed with install_parallel). Everything outside
+// attention layers talk to other ranks (made parallel with parallelize()). Everything outside
 // attention is per-token and identical on every TP rank.
 // Owns: the decoder config and presets, deterministic initialisation, which gradients are summed
 // over TP. Does not own: data, the optimizer, groups.
@@ -22,6 +22,7 @@
 #include "mlacp/attention.h"
 #include "mlacp/comm.h"
 #include "mlacp/plan.h"
+#include "mlacp/runtime.h"
 
 namespace mlacp::train {
 
@@ -67,13 +68,12 @@ class DecoderLmImpl : public torch::nn::Module {
   // unpacked causal sequence) -> logits [B, S_l, V]
   at::Tensor forward(const at::Tensor& tokens, const std::vector<std::vector<int64_t>>& document_ends);
 
-  // Keeps this TP rank's heads of every attention layer (before install_parallel).
-  void shard_heads_for_tp(int64_t tp_rank, int64_t tp_size);
-  // Installs the CP runtime on every attention layer (the first collective: plan fingerprints).
-  void install_parallel(const CpPlan& plan, const ParallelGroups& groups);
+  // Makes every attention layer run with context parallelism (mlacp::parallelize: TP head
+  // sharding, plan, validation, install; the first collective compares plan fingerprints).
+  void parallelize(const ParallelGroups& groups, const CpOptions& options);
 
   // The predicate for mlacp::reduce_gradients: true when a gradient must NOT be summed over TP.
-  // Attention parameters: MlaAttentionImpl::is_tp_sharded_parameter (TP-replicated ones hold
+  // Attention parameters: MlaAttentionImpl::skips_tp_reduction (the others hold
   // partial gradients). Everything else (embedding, norms, MLP, head) is computed identically on
   // every TP rank, so its gradient is already whole: true.
   static bool skips_tp_reduction(const std::string& name);

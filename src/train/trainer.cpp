@@ -212,11 +212,7 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
   at::manual_seed(config_.seed);
   const at::ScalarType param_dtype = config_.dtype == at::kBFloat16 ? at::kFloat : config_.dtype;
   model_ = DecoderLm(config_.model, param_dtype, config_.seed);  // same values on every rank
-  if (m.tp > 1) model_->shard_heads_for_tp(groups_.tp_rank, m.tp);
-  if (m.cp > 1 || m.tp > 1) {
-    const CpPlan plan(plan_spec_for(config_.model.attention, m, config_.strategy, config_.partition, config_.overlap));
-    model_->install_parallel(plan, groups_);  // first collective: plan fingerprints
-  }
+  if (m.cp > 1 || m.tp > 1) model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap});
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   const OptimizerConfig& o = config_.optimizer;
@@ -245,7 +241,7 @@ at::Tensor Trainer::forward_backward(const LocalBatch& local) {
     at::Tensor token_losses_sum =
         at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(loss_dtype), local.labels.reshape({-1}), {},
                                at::Reduction::Sum, kIgnoreLabel);
-    loss = token_losses_sum / static_cast<double>(local.global_label_count);  // SPEC §7: global normaliser
+    loss = token_losses_sum / static_cast<double>(local.global_label_count);  // docs/DESIGN.md §7: global normaliser
   }
   loss.backward();
   return loss.detach();
@@ -284,7 +280,7 @@ StepRecord Trainer::step() {
                 {got("step", r.step), got("seq_len", config_.seq_len)}, "use longer sequences or documents");
   optimizer_->zero_grad();
   at::Tensor loss = forward_backward(local);
-  reduce_gradients(model_->named_parameters(), groups_, &DecoderLmImpl::skips_tp_reduction);  // SPEC §7
+  reduce_gradients(model_->named_parameters(), groups_, &DecoderLmImpl::skips_tp_reduction);  // docs/DESIGN.md §7
   r.grad_norm = clip_gradients();
   r.lr = config_.optimizer.lr_at(r.step);
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);

@@ -1,4 +1,4 @@
-// The training loop of `mlacp train` (SPEC §7): a DecoderLm on this rank's CP shard of packed
+// The training loop of `mlacp train` (docs/DESIGN.md §7): a DecoderLm on this rank's CP shard of packed
 // byte sequences, AdamW, exact gradient reduction, global-norm clipping, checkpoints.
 //
 // One step:

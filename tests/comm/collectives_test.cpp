@@ -348,7 +348,7 @@ TEST_P(Collectives, ByteCountersFollowTheFormulas) {
   EXPECT_TRUE(run_ranks(world(), [](int rank, int world, const std::string& store) {
     auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, fast_options());
     const int64_t G = world;
-    CommCounters& counters = *groups.counters;
+    CommCounters& counters = *groups.instruments.counters;
     auto only = [&](CollectiveKind kind, int64_t bytes, const std::string& label, int64_t handle_bytes,
                     const std::string& what) {
       for (CollectiveKind k : {CollectiveKind::all_to_all, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
@@ -443,11 +443,11 @@ TEST_P(Collectives, GroupsOfSizeOneMoveAndCountNothing) {
       EXPECT_EQ(all_reduce_min(*g, {1.5, -2.0}), (std::vector<double>{1.5, -2.0}));
       barrier(*g);
     }
-    EXPECT_EQ(groups.counters->total_bytes(), 0);
+    EXPECT_EQ(groups.instruments.counters->total_bytes(), 0);
     for (CollectiveKind k : {CollectiveKind::all_to_all, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                              CollectiveKind::all_reduce})
-      EXPECT_EQ(groups.counters->by_kind(k).calls, 0) << collective_kind_name(k);
-    EXPECT_TRUE(groups.counters->by_label().empty());
+      EXPECT_EQ(groups.instruments.counters->by_kind(k).calls, 0) << collective_kind_name(k);
+    EXPECT_TRUE(groups.instruments.counters->by_label().empty());
   }, kRunTimeout));
 }
 
@@ -473,7 +473,7 @@ TEST_P(Collectives, AllReduceMaxAndAllGatherU64AndBarrier) {
     for (int r = 0; r < world; ++r) expected.push_back(0xF000000000000000ull + r);
     EXPECT_EQ(all_gather_u64(groups.world, 0xF000000000000000ull + rank), expected);
     barrier(groups.world);
-    EXPECT_EQ(groups.counters->total_bytes(), 0);  // control-plane calls are not counted
+    EXPECT_EQ(groups.instruments.counters->total_bytes(), 0);  // control-plane calls are not counted
   }, kRunTimeout));
 }
 
@@ -620,7 +620,7 @@ TEST_P(Collectives, EmulatedLinkDelaysCompletionAndWaitSleeps) {
     options.link.bandwidth_bytes_per_second = 1e6;
     auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, options);
     const int64_t G = world;
-    ASSERT_TRUE(groups.link->enabled());
+    ASSERT_TRUE(groups.instruments.link->enabled());
     // ~100 KB sent: float32 [1, 100, 4, D] with numel*4*(G-1)/G close to 1e5.
     const int64_t D = G == 2 ? 125 : 84;
     at::Tensor x = at::ones({1, 100, 4, D});
@@ -628,7 +628,7 @@ TEST_P(Collectives, EmulatedLinkDelaysCompletionAndWaitSleeps) {
     ASSERT_GE(sent, 90000);
     ASSERT_LE(sent, 160000);
     const double modelled = 0.05 + sent / 1e6;
-    EXPECT_NEAR(groups.link->transfer_seconds(sent), modelled, 1e-12);
+    EXPECT_NEAR(groups.instruments.link->transfer_seconds(sent), modelled, 1e-12);
     barrier(groups.world);
     const auto start = Clock::now();
     AsyncHandle h = launch_seq_to_head(groups.cp, x, "q");
@@ -666,8 +666,8 @@ TEST(CollectivesLink, WireSecondsAreRecorded) {
     options.link.latency_seconds = 0.05;
     auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, options);
     launch_seq_to_head(groups.cp, tagged(rank, kB, kS, kH, kD), "q").wait();
-    EXPECT_GE(groups.counters->by_kind(CollectiveKind::all_to_all).wire_seconds, 0.05);
-    EXPECT_GE(groups.counters->by_label().at("q").wire_seconds, 0.05);
+    EXPECT_GE(groups.instruments.counters->by_kind(CollectiveKind::all_to_all).wire_seconds, 0.05);
+    EXPECT_GE(groups.instruments.counters->by_label().at("q").wire_seconds, 0.05);
   }, kRunTimeout));
 }
 
@@ -697,7 +697,7 @@ TEST(CollectivesLink, ConcurrentTransfersShareTheLink) {
     options.link.bandwidth_bytes_per_second = 1e6;
     auto groups = make_groups(rank, world, store, MeshShape{1, world, 1}, options);
     at::Tensor x = at::ones({1, 100, 4, 125});  // 100 KB sent by each rank: 0.1 s on this link
-    const double one = groups.link->transfer_seconds(x.numel() * 4 / 2);
+    const double one = groups.instruments.link->transfer_seconds(x.numel() * 4 / 2);
     barrier(groups.world);
     const auto start = Clock::now();
     AsyncHandle a = launch_seq_to_head(groups.cp, x, "k");

@@ -6,6 +6,7 @@
 #include "check/cases.h"
 #include "check/compare.h"
 #include "mlacp/attention.h"
+#include "model/mla_layer.h"
 
 namespace mlacp {
 namespace {
@@ -116,8 +117,8 @@ TEST(MlaAttention, ForwardIsTheComposedSeam) {
   c.config.output_gate = true;
   MlaAttention m = make_case_module(c, at::kDouble);
   CaseInputs in = make_case_inputs(c, at::kDouble);
-  const ResolvedForward r = m->resolve(in.hidden, in.options);
-  at::Tensor composed = m->project_output(m->reference_core(m->compute_latents(in.hidden), r), in.hidden);
+  const ResolvedForward r = MlaLayer::resolve(*m, in.hidden, in.options);
+  at::Tensor composed = MlaLayer::project_output(*m, MlaLayer::single_device_core(*m, MlaLayer::compute_latents(*m, in.hidden), r), in.hidden);
   EXPECT_TRUE(at::equal(composed, m->forward(in.hidden, in.options)));
 }
 
@@ -125,15 +126,44 @@ TEST(MlaAttention, HeadRangeGradientLandsOnlyInThoseRows) {
   VerifyCase c{"rows", preset_config("tiny")};
   MlaAttention m = make_case_module(c, at::kDouble);
   CaseInputs in = make_case_inputs(c, at::kDouble);
-  LocalLatents l = m->compute_latents(in.hidden);
+  LocalLatents l = MlaLayer::compute_latents(*m, in.hidden);
   at::Tensor pos = at::arange(c.seq_len, at::kLong).unsqueeze(0).expand({c.batch, c.seq_len});
-  auto [key, value] = m->expand_key_value(l.kv_latent, m->rotate_key(l.key_rope_raw, pos), 1, 3);
+  auto [key, value] = MlaLayer::expand_key_value(*m, l.kv_latent, MlaLayer::rotate_key(*m, l.key_rope_raw, pos), 1, 3);
   (key.sum() + value.sum()).backward();
   const int64_t width = c.config.qk_nope_head_dim + c.config.v_head_dim;
   at::Tensor g = m->kv_b_proj->weight.grad();
   EXPECT_EQ(g.narrow(0, 0, width).abs().max().item<double>(), 0.0);
   EXPECT_EQ(g.narrow(0, 3 * width, width).abs().max().item<double>(), 0.0);
   EXPECT_GT(g.narrow(0, width, 2 * width).abs().min().item<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace mlacp
+
+namespace mlacp {
+namespace {
+
+// The fast kernel is the default of a fresh module (single device too); the reference kernel is
+// chosen explicitly and gives the same results (float64).
+TEST(MlaAttention, DefaultsToTheBlockwiseKernelAndMatchesTheReference) {
+  VerifyCase c{"default-kernel", preset_config("tiny")};
+  c.seq_len = 23;
+  MlaAttention fresh(c.config, at::TensorOptions().dtype(at::kDouble));
+  EXPECT_EQ(fresh->attention_kernel(), AttentionKernel::blockwise);
+  MlaAttention fast = make_case_module(c, at::kDouble);
+  MlaAttention reference = make_case_module(c, at::kDouble);
+  EXPECT_EQ(reference->attention_kernel(), AttentionKernel::reference);  // a case module is an oracle
+  fast->set_attention_kernel(AttentionKernel::blockwise);
+  const CaseInputs in = make_case_inputs(c, at::kDouble);
+  at::Tensor x_fast = in.hidden.clone().requires_grad_(true), x_ref = in.hidden.clone().requires_grad_(true);
+  at::Tensor y_fast = fast->forward(x_fast, in.options), y_ref = reference->forward(x_ref, in.options);
+  EXPECT_LE(max_abs_error(y_fast, y_ref), 1e-13);
+  (y_fast * in.output_weight).sum().backward();
+  (y_ref * in.output_weight).sum().backward();
+  EXPECT_LE(max_abs_error(x_fast.grad(), x_ref.grad()), 1e-13);
+  auto fast_params = fast->named_parameters(), ref_params = reference->named_parameters();
+  for (const auto& item : ref_params)
+    EXPECT_LE(max_abs_error(fast_params[item.key()].grad(), item.value().grad()), 1e-12) << item.key();
 }
 
 }  // namespace

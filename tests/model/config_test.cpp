@@ -1,5 +1,5 @@
 // MlaConfig: presets, HuggingFace config.json reading/writing, validation and the softmax
-// scaling closed form (SPEC §1). Every rejection is checked for its rule and offending value.
+// scaling closed form (docs/DESIGN.md §1). Every rejection is checked for its rule and offending value.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -395,7 +395,7 @@ TEST(ConfigValidate, AllPresetsValidate) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Softmax scaling (SPEC §1)
+// Softmax scaling (docs/DESIGN.md §1)
 
 TEST(ConfigScaling, DeepSeekV3YarnClosedForm) {
   const double m = 0.1 * std::log(40.0) + 1.0;

@@ -1,4 +1,4 @@
-// Forward-time rejections of MlaAttention (SPEC §6, §8): one test per rule of
+// Forward-time rejections of MlaAttention (docs/DESIGN.md §6, §8): one test per rule of
 // resolve_forward_inputs, MlaAttentionImpl::validate_latents and expand_key_value. Each checks
 // that the mlacp::Error names the rule and the offending value; the accepted neighbours of each
 // rule are checked to pass.
@@ -14,6 +14,7 @@
 #include "support/error_of.h"
 #include "mlacp/attention.h"
 #include "mlacp/errors.h"
+#include "model/mla_layer.h"
 
 namespace mlacp {
 namespace {
@@ -50,8 +51,8 @@ class Rejections : public ::testing::Test {
   }
 
   std::string core_error(const LocalLatents& latents) {
-    const ResolvedForward resolved = module->resolve(hidden, {});
-    return error_of([&] { module->reference_core(latents, resolved); });
+    const ResolvedForward resolved = MlaLayer::resolve(*module, hidden, {});
+    return error_of([&] { MlaLayer::single_device_core(*module, latents, resolved); });
   }
 
   at::TensorOptions double_options = at::TensorOptions().dtype(at::kDouble);
@@ -183,7 +184,7 @@ TEST_F(Rejections, NonPositiveDocumentLength) {
 TEST_F(Rejections, DocumentLengthsAccepted) {
   MlaForwardOptions o;
   o.document_lengths = std::vector<int64_t>{2, 4};
-  const ResolvedForward r = module->resolve(packed_hidden, o);
+  const ResolvedForward r = MlaLayer::resolve(*module, packed_hidden, o);
   EXPECT_TRUE(at::equal(r.document_ends, long_tensor({2, 6})));
   EXPECT_TRUE(at::equal(r.rope_positions, long_tensor({0, 1, 0, 1, 2, 3}).unsqueeze(0)));
   expect_forward_ok(packed_hidden, o);
@@ -244,7 +245,7 @@ TEST_F(Rejections, CuSeqlensWithLeadingZeroAccepted) {
   with_zero.document_ends = std::vector<int64_t>{0, 2, 6};
   MlaForwardOptions without_zero;
   without_zero.document_ends = std::vector<int64_t>{2, 6};
-  const ResolvedForward r = module->resolve(packed_hidden, with_zero);
+  const ResolvedForward r = MlaLayer::resolve(*module, packed_hidden, with_zero);
   EXPECT_TRUE(at::equal(r.document_ends, long_tensor({2, 6})));
   EXPECT_TRUE(at::equal(r.rope_positions, long_tensor({0, 1, 0, 1, 2, 3}).unsqueeze(0)));
   at::Tensor a = module->forward(packed_hidden, with_zero);
@@ -408,23 +409,23 @@ TEST_F(Rejections, PositionIdsEqualToDocumentPositionsAccepted) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Latents fed to reference_core
+// Latents fed to single_device_core
 
 TEST_F(Rejections, LatentsAccepted) {
-  const LocalLatents latents = module->compute_latents(hidden);
-  const ResolvedForward resolved = module->resolve(hidden, {});
-  at::Tensor out = module->reference_core(latents, resolved);
+  const LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
+  const ResolvedForward resolved = MlaLayer::resolve(*module, hidden, {});
+  at::Tensor out = MlaLayer::single_device_core(*module, latents, resolved);
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{kBatch, kSeq, config.num_heads * config.v_head_dim}));
 }
 
 TEST_F(Rejections, LatentNot3D) {
-  LocalLatents latents = module->compute_latents(hidden);
+  LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   latents.query_latent = latents.query_latent.reshape({kBatch * kSeq, 5});
   std::string msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("query_latent must be 3-D [B, S, rank]"));
   EXPECT_THAT(msg, HasSubstr("query_latent.shape=[12, 5]"));
 
-  latents = module->compute_latents(hidden);
+  latents = MlaLayer::compute_latents(*module, hidden);
   latents.key_rope_raw = at::Tensor();
   msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("key_rope_raw must be 3-D [B, S, rank]"));
@@ -432,7 +433,7 @@ TEST_F(Rejections, LatentNot3D) {
 }
 
 TEST_F(Rejections, LatentEmpty) {
-  LocalLatents latents = module->compute_latents(hidden);
+  LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   latents.kv_latent = at::zeros({kBatch, 0, config.kv_lora_rank}, double_options);
   const std::string msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("kv_latent must not be empty"));
@@ -440,14 +441,14 @@ TEST_F(Rejections, LatentEmpty) {
 }
 
 TEST_F(Rejections, LatentsMismatchedBatchOrSeq) {
-  LocalLatents latents = module->compute_latents(hidden);
+  LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   latents.kv_latent = latents.kv_latent.narrow(1, 0, kSeq - 1);
   std::string msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("latents must share batch and sequence dims"));
   EXPECT_THAT(msg, HasSubstr("query_latent.shape=[2, 6, 5]"));
   EXPECT_THAT(msg, HasSubstr("kv_latent.shape=[2, 5, 6]"));
 
-  latents = module->compute_latents(hidden);
+  latents = MlaLayer::compute_latents(*module, hidden);
   latents.key_rope_raw = latents.key_rope_raw.narrow(0, 0, 1);
   msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("latents must share batch and sequence dims"));
@@ -455,7 +456,7 @@ TEST_F(Rejections, LatentsMismatchedBatchOrSeq) {
 }
 
 TEST_F(Rejections, LatentsMismatchedDtype) {
-  LocalLatents latents = module->compute_latents(hidden);
+  LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   latents.key_rope_raw = latents.key_rope_raw.to(at::kFloat);
   const std::string msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("latents must share one dtype"));
@@ -464,14 +465,14 @@ TEST_F(Rejections, LatentsMismatchedDtype) {
 }
 
 TEST_F(Rejections, LatentWrongWidth) {
-  LocalLatents latents = module->compute_latents(hidden);
+  LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   latents.kv_latent = at::zeros({kBatch, kSeq, config.kv_lora_rank + 1}, double_options);
   std::string msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("kv_latent has the wrong width"));
   EXPECT_THAT(msg, HasSubstr("width=7"));
   EXPECT_THAT(msg, HasSubstr("expected=6"));
 
-  latents = module->compute_latents(hidden);
+  latents = MlaLayer::compute_latents(*module, hidden);
   latents.query_latent = at::zeros({kBatch, kSeq, config.hidden_size}, double_options);  // d, not Rq
   msg = core_error(latents);
   EXPECT_THAT(msg, HasSubstr("query_latent has the wrong width"));
@@ -483,13 +484,13 @@ TEST_F(Rejections, LatentWrongWidth) {
 // expand_key_value head range
 
 TEST_F(Rejections, ExpandKeyValueHeadRangeOutOfBounds) {
-  const LocalLatents latents = module->compute_latents(hidden);
+  const LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
   const struct {
     int64_t begin, end;
   } bad[] = {{0, 5}, {-1, 2}, {2, 2}, {3, 1}, {4, 5}};
   for (const auto& range : bad) {
     const std::string msg =
-        error_of([&] { module->expand_key_value(latents.kv_latent, latents.key_rope_raw, range.begin, range.end); });
+        error_of([&] { MlaLayer::expand_key_value(*module, latents.kv_latent, latents.key_rope_raw, range.begin, range.end); });
     EXPECT_THAT(msg, HasSubstr("head range must lie inside kv_b_proj's heads"));
     EXPECT_THAT(msg, HasSubstr("head_begin=" + std::to_string(range.begin)));
     EXPECT_THAT(msg, HasSubstr("head_end=" + std::to_string(range.end)));
@@ -498,11 +499,11 @@ TEST_F(Rejections, ExpandKeyValueHeadRangeOutOfBounds) {
 }
 
 TEST_F(Rejections, ExpandKeyValueHeadRangeInsideAccepted) {
-  const LocalLatents latents = module->compute_latents(hidden);
-  auto [key, value] = module->expand_key_value(latents.kv_latent, latents.key_rope_raw, 1, 3);
+  const LocalLatents latents = MlaLayer::compute_latents(*module, hidden);
+  auto [key, value] = MlaLayer::expand_key_value(*module, latents.kv_latent, latents.key_rope_raw, 1, 3);
   EXPECT_EQ(key.sizes(), (std::vector<int64_t>{kBatch, kSeq, 2, config.qk_head_dim()}));
   EXPECT_EQ(value.sizes(), (std::vector<int64_t>{kBatch, kSeq, 2, config.v_head_dim}));
-  auto [all_key, all_value] = module->expand_key_value(latents.kv_latent, latents.key_rope_raw, 0, 4);
+  auto [all_key, all_value] = MlaLayer::expand_key_value(*module, latents.kv_latent, latents.key_rope_raw, 0, 4);
   EXPECT_TRUE(at::allclose(key, all_key.narrow(2, 1, 2)));
   EXPECT_TRUE(at::allclose(value, all_value.narrow(2, 1, 2)));
 }

@@ -1,4 +1,4 @@
-// Every CP rejection rule fires before any collective, on every rank alike (SPEC §6, §8).
+// Every CP rejection rule fires before any collective, on every rank alike (docs/DESIGN.md §6, §8).
 // "Before any collective" is shown by calling the bad forward on rank 0 only while rank 1 makes
 // no call at all: a collective would block until the timeout; the error must come at once.
 #include <chrono>
@@ -31,8 +31,7 @@ Installed install(int rank, int world, const std::string& store, CpPartition par
   VerifyCase c{"rejections", preset_config("tiny")};
   c.config.output_gate = gate;
   out.module = make_case_module(c, at::kDouble);
-  const CpPlan plan(plan_spec_for(c.config, out.groups.shape, CpStrategy::latent_kv_head, partition, false));
-  install_context_parallel(out.module, plan, out.groups);
+  parallelize(out.module, out.groups, {CpStrategy::latent_kv_head, partition, /*overlap=*/false});
   return out;
 }
 
@@ -234,6 +233,32 @@ TEST(CpInstall, RejectsMismatchedDegreesDimsAndUnshardedProjections) {
   }));
 }
 
+TEST(CpInstall, ParallelizeShardsHeadsForTpOnceAndRejectsAnotherSharding) {
+  EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
+    GroupOptions options;
+    options.timeout = std::chrono::seconds(20);
+    ParallelGroups groups = test::make_groups(rank, world, store, MeshShape{1, 1, 2, 0}, options);  // tp = 2
+    MlaConfig c = preset_config("tiny");
+    MlaAttention m(c, at::TensorOptions().dtype(at::kDouble));
+    const int64_t rows = m->kv_b_proj->weight.size(0);
+    const CpPlan plan = parallelize(m, groups, {CpStrategy::latent_kv_head, CpPartition::contiguous, false});
+    EXPECT_EQ(m->tp_size(), 2);
+    EXPECT_EQ(m->kv_b_proj->weight.size(0), rows / 2);
+    EXPECT_EQ(plan.tp(), 2);
+    EXPECT_TRUE(m->is_parallel());
+    MlaAttention other(c, at::TensorOptions().dtype(at::kDouble));
+    other->shard_heads_for_tp(0, 4);  // sharded for another degree: rejected before any collective
+    try {
+      parallelize(other, groups, {});
+      ADD_FAILURE() << "a module sharded for tp=4 was accepted by tp=2 groups";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("module.tp_size=4"));
+      EXPECT_THAT(e.what(), HasSubstr("groups.tp=2"));
+    }
+    barrier(groups.world);
+  }));
+}
+
 TEST(CpInstall, DifferentPlansAcrossRanksAreAnErrorOnEveryRank) {
   EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
     GroupOptions options;
@@ -249,7 +274,7 @@ TEST(CpInstall, DifferentPlansAcrossRanksAreAnErrorOnEveryRank) {
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("plan fingerprints differ across the CP group"));
     }
-    EXPECT_EQ(m->core(), nullptr);
+    EXPECT_FALSE(m->is_parallel());
   }));
 }
 

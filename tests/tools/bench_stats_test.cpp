@@ -36,11 +36,12 @@ TEST(BenchStats, PairedSavingIsTheMedianOfStepDifferences) {
 }
 
 TEST(BenchStats, PlainLabelsOfOverlappedTransfers) {
-  const std::map<std::string, int64_t> packed{{"qkv", 1}, {"dqkv", 1}, {"o", 1}, {"do", 1}};
+  const std::map<std::string, int64_t> packed{{"qkv", 1}, {"dqkv", 1}, {"o", 1}, {"dO", 1}};
   EXPECT_EQ(plain_label_of("k", packed), "qkv");
   EXPECT_EQ(plain_label_of("kv", packed), "qkv");
   EXPECT_EQ(plain_label_of("dv", packed), "dqkv");
-  EXPECT_EQ(plain_label_of("dO", packed), "do");
+  EXPECT_EQ(plain_label_of("dkv", packed), "dqkv");
+  EXPECT_EQ(plain_label_of("dO", packed), "dO");
   const std::map<std::string, int64_t> latent{{"q", 1}, {"latent", 1}, {"dq", 1}, {"dlatent", 1}};
   EXPECT_EQ(plain_label_of("q", latent), "q");
   EXPECT_EQ(plain_label_of("dq", latent), "dq");
@@ -49,8 +50,8 @@ TEST(BenchStats, PlainLabelsOfOverlappedTransfers) {
 
 TEST(BenchStats, ExposureWithoutOverlapIsSharedByBytes) {
   // The plain qkv exchange (600 B) was exposed 60 us; k and v are 200 + 100 of its bytes.
-  const LabelTimes plain_exposed{{"qkv", 60.0}, {"do", 8.0}};
-  const std::map<std::string, int64_t> plain_bytes{{"qkv", 600}, {"do", 50}};
+  const LabelTimes plain_exposed{{"qkv", 60.0}, {"dO", 8.0}};
+  const std::map<std::string, int64_t> plain_bytes{{"qkv", 600}, {"dO", 50}};
   const std::map<std::string, int64_t> overlapped_bytes{{"q", 300}, {"k", 200}, {"v", 100}, {"dO", 50}};
   EXPECT_DOUBLE_EQ(exposed_without_overlap_us({"k", "v"}, plain_exposed, plain_bytes, overlapped_bytes), 30.0);
   EXPECT_DOUBLE_EQ(exposed_without_overlap_us({"k", "v", "dO"}, plain_exposed, plain_bytes, overlapped_bytes), 38.0);

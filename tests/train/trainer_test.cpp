@@ -1,4 +1,4 @@
-// The trainer against the single-process run (SPEC §7, §9): float64 losses and final parameters
+// The trainer against the single-process run (docs/DESIGN.md §7, §9): float64 losses and final parameters
 // of CP runs (every strategy, hybrid, TP and DP layouts, overlap on) equal the single-process
 // run within 1e-9; float32 loss curves within 1e-4; bf16 autocast trains and stays within the
 // documented bound of float32; resuming from a checkpoint continues the same curve; bad input

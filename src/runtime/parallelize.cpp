@@ -1,5 +1,7 @@
-// install_context_parallel and the plan that fits a module: the SPEC §8 install checks, then the
-// cross-rank plan fingerprint comparison (the first collective), then the core swap.
+// parallelize(): the one entry point that makes a module run with context parallelism. TP head
+// sharding, the plan from the module's config and the groups' shape, the install checks (docs/DESIGN.md
+// §8), then the cross-rank plan fingerprint comparison (the first collective), then the install
+// of the plan's schedule.
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -7,6 +9,7 @@
 #include "core/format.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
+#include "model/mla_layer.h"
 #include "runtime/cp_attention.h"
 
 namespace mlacp {
@@ -53,9 +56,8 @@ CpPlanSpec plan_spec_for(const MlaConfig& c, const MeshShape& shape, CpStrategy 
 
 void install_context_parallel(MlaAttention& module, const CpPlan& plan, const ParallelGroups& groups) {
   const MlaConfig& c = module->config();
-  MLACP_REQUIRE(module->core() == nullptr, kWhat, "CP is already installed on this module",
-                {got("installed", module->core() ? module->core()->describe() : "")},
-                "install once; build a new module for another plan");
+  MLACP_REQUIRE(!module->is_parallel(), kWhat, "CP is already installed on this module",
+                {got("installed", module->parallel_description())}, "install once; build a new module for another plan");
   const PlanDims& d = plan.dims();
   MLACP_REQUIRE(d.heads == c.num_heads && d.q_rank == c.query_latent_dim() && d.kv_rank == c.kv_lora_rank &&
                     d.nope_dim == c.qk_nope_head_dim && d.rope_dim == c.qk_rope_head_dim && d.value_dim == c.v_head_dim,
@@ -84,7 +86,20 @@ void install_context_parallel(MlaAttention& module, const CpPlan& plan, const Pa
   // First collectives: every rank must hold the same plan.
   compare_fingerprints(groups.cp, "CP", plan.fingerprint());
   compare_fingerprints(groups.tp, "TP", plan.fingerprint());
-  module->install_core(std::make_shared<CpAttentionCore>(plan, groups));
+  MlaLayer::install_core(*module, std::make_shared<CpAttentionCore>(plan, groups, c));
+}
+
+CpPlan parallelize(MlaAttention& module, const ParallelGroups& groups, const CpOptions& options) {
+  const int64_t tp = groups.shape.tp;
+  if (tp > 1 && module->tp_size() == 1) module->shard_heads_for_tp(groups.tp_rank, tp);
+  MLACP_REQUIRE(module->tp_size() == tp, kWhat, "the module's TP sharding must match the groups' tp degree",
+                {got("module.tp_size", module->tp_size()), got("groups.tp", tp)},
+                "pass a module sharded for this TP degree, or an unsharded one (parallelize shards it)");
+  CpPlanSpec spec = plan_spec_for(module->config(), groups.shape, options.strategy, options.partition, options.overlap);
+  spec.kernel = options.kernel;
+  const CpPlan plan(spec);  // the plan's own rules (degrees, heads divisible by tp*U, ...)
+  install_context_parallel(module, plan, groups);
+  return plan;
 }
 
 }  // namespace mlacp

@@ -1,0 +1,239 @@
+// The latent strategy (docs/DESIGN.md §4, §5): every CP rank all-gathers the 576-wide latent
+// [kv_latent | k_rope] instead of expanded K/V, and expands K/V itself for its head block only.
+// Queries take the Ulysses seq->head exchange (U > 1) like the expanded strategy's.
+//
+// Plain form (each collective waited at once; autograd runs each step's adjoint in reverse):
+//   q_b_proj+RoPE | Q seq->head | latent all-gather | kv_b_proj (head block) | attention | output
+//
+// Overlapped form: one node from the latents to (Q heads, K, V):
+//   forward:   launch latent gather | q_b_proj+RoPE | wait gather | launch Q | kv_b_proj (head block) |
+//              [blockwise: attention of this rank's own query rows] | wait Q | [the other rows] | output
+//   backward:  (attention backward) | launch dQ | K,V assembly backward | kv_b_proj dgrad |
+//              launch dlatent reduce-scatter | kv_b_proj wgrad | wait reduce-scatter | wait dQ |
+//              q_b_proj+RoPE backward
+//
+// Both forms split the attention's query rows the same way (this rank's own rows first: they are
+// local before the Q exchange completes), so their results are identical to the bit.
+#include <ATen/ATen.h>
+
+#include "core/autograd_node.h"
+#include "core/compat.h"
+#include "core/stage.h"
+#include "core/timeline.h"
+#include "kernels/attend.h"
+#include "kernels/segmented_attention.h"
+#include "model/mla_layer.h"
+#include "runtime/collective_ops.h"
+#include "runtime/output_stage.h"
+#include "runtime/schedule.h"
+
+namespace mlacp {
+namespace {
+
+constexpr const char* kWhat = "latent schedule";
+
+// [kv_latent | k_rope] [B,S_l,Rkv+Dr]: what the latent strategy moves.
+at::Tensor latent_payload(const at::Tensor& kv_latent, const at::Tensor& key_rope) {
+  return at::cat({kv_latent, key_rope.to(kv_latent.scalar_type())}, -1);
+}
+
+// The attention over (Ulysses block rows x all keys), rows split as both forms split them: this
+// rank's own rows (its head block of the local query [B,S_l,H,Dqk]) computed by start(), the
+// others by finish(). The reference kernel computes all rows in finish().
+class RowSplitAttention {
+ public:
+  RowSplitAttention(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& key, const at::Tensor& value)
+      : ctx_(ctx), step_(step), key_(key), value_(value) {}
+  void start(const at::Tensor& query_local) {
+    if (ctx_.plan.kernel() != AttentionKernel::blockwise) return;
+    const int64_t local_len = query_local.size(1), rows = ctx_.groups.ulysses.size() * local_len;
+    const int64_t u = ctx_.plan.ulysses_rank(ctx_.groups.cp_rank), heads = ctx_.plan.compute_heads();
+    segmented_ = std::make_unique<SegmentedAttention>(key_.transpose(1, 2), value_.transpose(1, 2),
+                                                      ctx_.module.scaling(), step_.structure, rows);
+    ComputeSpan span(ctx_.groups.instruments.timeline.get(), "attention_own_rows");
+    segmented_->compute_rows(query_local.narrow(2, u * heads, heads).transpose(1, 2), u * local_len);
+  }
+  // q_heads [B,U*S_l,Hc,Dqk] and the K, V given to the constructor (with autograd history)
+  // -> [B,U*S_l,Hc,Dv].
+  at::Tensor finish(const at::Tensor& q_heads, const at::Tensor& key, const at::Tensor& value) {
+    ComputeSpan span(ctx_.groups.instruments.timeline.get(), "attention");
+    at::Tensor out = segmented_ ? segmented_->finish(q_heads.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+                                : attend(ctx_.plan.kernel(), q_heads.transpose(1, 2), key.transpose(1, 2),
+                                         value.transpose(1, 2), ctx_.module.scaling(), step_.structure);
+    return out.transpose(1, 2);  // [B,Sq,Hc,Dv]
+  }
+
+ private:
+  const ScheduleContext& ctx_;
+  const LocalStep& step_;
+  at::Tensor key_, value_;
+  std::unique_ptr<SegmentedAttention> segmented_;
+};
+
+class LatentSchedule final : public CpSchedule {
+ public:
+  LatentSchedule(bool overlap, bool ulysses, bool own_rows) : overlap_(overlap), ulysses_(ulysses), own_rows_(own_rows) {}
+  std::string name() const override { return overlap_ ? "latent_kv_head (overlapped)" : "latent_kv_head (plain)"; }
+  std::vector<OverlappedTransfer> overlapped_transfers() const override {
+    if (!overlap_) return {};
+    if (!ulysses_) return {{Transfer::latent, {"q_b_proj_rope"}}, {Transfer::dlatent, {"kv_b_proj_wgrad"}}};
+    return {{Transfer::latent, {"q_b_proj_rope"}},
+            {Transfer::q, own_rows_ ? std::vector<std::string>{"kv_b_proj", "attention_own_rows"}
+                                    : std::vector<std::string>{"kv_b_proj"}},
+            {Transfer::dq, {"kv_b_proj_dgrad", "kv_b_proj_wgrad"}},
+            {Transfer::dlatent, {"kv_b_proj_wgrad"}},
+            {Transfer::d_o, {"o_proj_wgrad"}}};
+  }
+  at::Tensor forward(const ScheduleContext& ctx, const LocalStep& step) override {
+    return overlap_ ? overlapped(ctx, step) : plain(ctx, step);
+  }
+
+ private:
+  at::Tensor plain(const ScheduleContext& ctx, const LocalStep& step);
+  at::Tensor overlapped(const ScheduleContext& ctx, const LocalStep& step);
+  bool overlap_, ulysses_;  // ulysses_: U > 1 (queries take the seq->head exchange)
+  bool own_rows_;           // blockwise kernel: own query rows attend under the Q exchange
+};
+
+at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  const MlaConfig& c = m.config();
+  Timeline* tl = ctx.groups.instruments.timeline.get();
+  at::Tensor query;
+  {
+    ComputeSpan span(tl, "q_b_proj_rope");
+    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
+  }
+  at::Tensor q_heads = seq_to_head(ctx.groups.ulysses, {query}, Transfer::q)[0];        // [B,U*S_l,Hc,Dqk]
+  at::Tensor gathered = all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),
+                                       Transfer::latent);                                // [B,S,Rkv+Dr]
+  std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
+  const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
+  at::Tensor key, value;
+  {
+    ComputeSpan span(tl, "kv_b_proj");
+    std::tie(key, value) =
+        MlaLayer::expand_key_value(m, parts[0], parts[1], begin, begin + ctx.plan.compute_heads());  // [B,S,Hc,*]
+  }
+  RowSplitAttention attention(ctx, step, key, value);
+  attention.start(query);
+  return output_stage(ctx, step, attention.finish(q_heads, key, value), {}, /*overlap=*/false);
+}
+
+at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  const MlaConfig& c = m.config();
+  const CommGroup &ulysses = ctx.groups.ulysses, &cp = ctx.groups.cp;
+  Timeline* tl = ctx.groups.instruments.timeline.get();
+
+  // --- forward ---
+  auto payload = std::make_shared<Stage>("latent_payload", std::vector<at::Tensor>{step.latents.kv_latent, step.key_rope},
+                                         std::vector<at::Tensor>{}, [](const std::vector<at::Tensor>& x) {
+                                           return std::vector<at::Tensor>{latent_payload(x[0], x[1])};
+                                         });
+  AsyncHandle gather;
+  {
+    at::NoGradGuard no_grad;
+    gather = launch_all_gather_seq(cp, payload->output(0).detach(), transfer_name(Transfer::latent));
+  }
+  std::shared_ptr<Stage> query_stage;
+  {
+    ComputeSpan span(tl, "q_b_proj_rope");
+    query_stage = std::make_shared<Stage>(
+        "q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent}, MlaLayer::query_parameters(m),
+        [&](const std::vector<at::Tensor>& x) {
+          return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};  // [B,S_l,H,Dqk]
+        });
+  }
+  const at::Tensor& query = query_stage->output(0);
+  at::Tensor gathered;  // [B,S,Rkv+Dr]
+  AsyncHandle q_exchange;
+  {
+    at::NoGradGuard no_grad;
+    gathered = gather.wait_one();
+    q_exchange = launch_seq_to_head(ulysses, query.detach(), transfer_name(Transfer::q));
+  }
+  const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
+  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.compute_heads());
+  const at::Tensor latent_all = gathered.narrow(-1, 0, c.kv_lora_rank).contiguous();  // [B,S,Rkv]
+  const at::Tensor shared_all = gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim);  // [B,S,Dr]
+  at::Tensor projected;  // [B,S,Hc*(Dn+Dv)]
+  {
+    ComputeSpan span(tl, "kv_b_proj");
+    at::NoGradGuard no_grad;
+    projected = at::linear(latent_all, weight.detach(), bias.defined() ? bias.detach() : at::Tensor());
+  }
+  const bool has_bias = bias.defined(), needs_payload = payload->requires_grad();
+  const bool needs_weight = weight.requires_grad(), needs_bias = has_bias && bias.requires_grad();
+  auto kv_stage = std::make_shared<Stage>(
+      "assemble_kv", std::vector<at::Tensor>{projected, shared_all}, std::vector<at::Tensor>{},
+      [&m](const std::vector<at::Tensor>& x) {
+        auto [key, value] = MlaLayer::assemble_key_value(m, x[0], x[1]);  // [B,S,Hc,Dqk], [B,S,Hc,Dv]
+        return std::vector<at::Tensor>{key, value};
+      },
+      std::vector<bool>{needs_payload || needs_weight || needs_bias, needs_payload});
+  const at::Tensor &key = kv_stage->output(0), &value = kv_stage->output(1);
+  RowSplitAttention attention(ctx, step, key, value);
+  attention.start(query);  // this rank's own rows, while the other ranks' rows fly
+  at::Tensor q_heads;      // [B,U*S_l,Hc,Dqk]
+  {
+    at::NoGradGuard no_grad;
+    q_heads = q_exchange.wait_one();
+  }
+
+  // --- the node: inputs kv_latent, key_rope, query_latent, query params, kv_b_proj rows ---
+  std::vector<at::Tensor> inputs = payload->inputs();
+  append(inputs, query_stage->inputs());
+  inputs.push_back(weight);
+  if (has_bias) inputs.push_back(bias);
+  const SavedForBackward saved({latent_all, weight.detach()}, {"gathered latent", "kv_b_proj.weight"});
+  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture();
+  const bool needs_query = query_stage->requires_grad();
+  const size_t query_inputs = query_stage->inputs().size();
+  const std::vector<int64_t> projected_shape = projected.sizes().vec(), shared_shape = shared_all.sizes().vec();
+  BackwardFn backward = [=](std::vector<at::Tensor> g) -> std::vector<at::Tensor> {
+    // g: d q_heads, d key, d value
+    AsyncHandle d_query;
+    if (needs_query) d_query = launch_head_to_seq(ulysses, g[0], transfer_name(Transfer::dq));  // 1. launch dQ
+    const std::vector<at::Tensor> kv_grads = kv_stage->backprop({g[1], g[2]});  // 2. K,V assembly backward
+    saved.check(kWhat);
+    const auto autocast_guard = autocast.enter();
+    const at::Tensor &latent_s = saved[0], &weight_s = saved[1];
+    at::Tensor d_kv = kv_grads[0].defined() ? kv_grads[0] : at::zeros(projected_shape, latent_s.options());
+    d_kv = d_kv.reshape({-1, d_kv.size(-1)});  // [B*S, Hc*(Dn+Dv)]
+    AsyncHandle reduce;
+    if (needs_payload) {  // 3. kv_b_proj dgrad, launch the reduce-scatter before the wgrad GEMM
+      ComputeSpan span(tl, "kv_b_proj_dgrad");
+      at::Tensor d_latent = d_kv.mm(weight_s).view({latent_s.size(0), latent_s.size(1), -1});
+      const at::Tensor d_shared = kv_grads[1].defined() ? kv_grads[1] : at::zeros(shared_shape, latent_s.options());
+      reduce = launch_reduce_scatter_seq(cp, at::cat({d_latent.to(d_shared.scalar_type()), d_shared}, -1),
+                                         transfer_name(Transfer::dlatent));
+    }
+    at::Tensor d_weight, d_bias;
+    if (needs_weight) {  // 4. kv_b_proj wgrad ([out, Rkv], like the weight)
+      ComputeSpan span(tl, "kv_b_proj_wgrad");
+      d_weight = d_kv.t().mm(latent_s.reshape({-1, latent_s.size(-1)})).to(weight_s.scalar_type());
+    }
+    if (needs_bias) d_bias = d_kv.sum(0).to(weight_s.scalar_type());
+    std::vector<at::Tensor> payload_grads(2);  // 5. wait the reduce-scatter: this rank's d payload
+    if (needs_payload) payload_grads = payload->backprop({reduce.wait_one()});
+    std::vector<at::Tensor> query_grads(query_inputs);  // 6. wait dQ, then q_b_proj+RoPE backward
+    if (needs_query) query_grads = query_stage->backprop({d_query.wait_one()});
+    std::vector<at::Tensor> out = payload_grads;
+    append(out, query_grads);
+    out.push_back(d_weight);
+    if (has_bias) out.push_back(d_bias);
+    return out;
+  };
+  std::vector<at::Tensor> waited = attach_backward(inputs, {q_heads, key.detach(), value.detach()}, "LatentSchedule",
+                                                   std::move(backward));
+  return output_stage(ctx, step, attention.finish(waited[0], waited[1], waited[2]), {}, /*overlap=*/true);
+}
+
+}  // namespace
+
+std::unique_ptr<CpSchedule> make_latent_schedule(bool overlap, bool ulysses, bool own_rows) {
+  return std::make_unique<LatentSchedule>(overlap, ulysses, own_rows);
+}
+
+}  // namespace mlacp
