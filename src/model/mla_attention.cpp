@@ -106,6 +106,12 @@ at::Tensor MlaLayer::expand_query(MlaAttentionImpl& m, const at::Tensor& query_l
   return at::cat({parts[0], q_pe}, -1);  // [B, S, H, Dqk]
 }
 
+std::vector<at::Tensor> MlaLayer::kv_parameters(MlaAttentionImpl& m) {
+  std::vector<at::Tensor> params{m.kv_b_proj->weight};
+  if (m.kv_b_proj->bias.defined()) params.push_back(m.kv_b_proj->bias);
+  return params;
+}
+
 std::vector<at::Tensor> MlaLayer::query_parameters(MlaAttentionImpl& m) {
   torch::nn::Linear& linear = m.query_up_projection();
   std::vector<at::Tensor> params{linear->weight};

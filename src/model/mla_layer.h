@@ -40,6 +40,8 @@ struct MlaLayer {
   // kv_b_proj's rows of heads [head_begin, head_end) (weight, bias: views of the parameters, so
   // their gradient lands in those rows only).
   static std::pair<at::Tensor, at::Tensor> kv_up_rows(MlaAttentionImpl& m, int64_t head_begin, int64_t head_end);
+  // kv_b_proj's parameters (weight, bias if any).
+  static std::vector<at::Tensor> kv_parameters(MlaAttentionImpl& m);
   // projected [B, S, h*(Dn+Dv)] and the rotated key rope [B, S, Dr] -> key [B, S, h, Dqk],
   // value [B, S, h, Dv] (the rope lanes shared by every head).
   static std::pair<at::Tensor, at::Tensor> assemble_key_value(const MlaAttentionImpl& m, const at::Tensor& projected,

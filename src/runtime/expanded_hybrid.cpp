@@ -25,14 +25,6 @@
 namespace mlacp {
 namespace {
 
-at::Tensor attend_heads(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v) {
-  ComputeSpan span(ctx.groups.instruments.timeline.get(), "attention");
-  return attend(ctx.plan.kernel(), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx.module.scaling(),
-                step.structure)
-      .transpose(1, 2);  // [B,U*S_l,Hc,Dv]
-}
-
 class ExpandedHybridSchedule final : public CpSchedule {
  public:
   ExpandedHybridSchedule(bool overlap, bool ulysses) : overlap_(overlap), ulysses_(ulysses) {}
@@ -52,19 +44,10 @@ class ExpandedHybridSchedule final : public CpSchedule {
 };
 
 at::Tensor ExpandedHybridSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
-  MlaAttentionImpl& m = ctx.module;
-  const MlaConfig& c = m.config();
-  Timeline* tl = ctx.groups.instruments.timeline.get();
-  at::Tensor query, key, value;
-  {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
-  }
-  {
-    ComputeSpan span(tl, "kv_b_proj");
-    std::tie(key, value) = MlaLayer::expand_key_value(m, step.latents.kv_latent, step.key_rope, 0, m.local_heads());
-  }
-  std::vector<at::Tensor> qkv = seq_to_head(ctx.groups.ulysses, {query, key, value}, Transfer::qkv);  // [B,U*S_l,Hc,*]
+  const MlaConfig& c = ctx.module.config();
+  const LocalQkv local = expand_local_qkv(ctx, step);  // [B,S_l,H,*]
+  std::vector<at::Tensor> qkv =
+      seq_to_head(ctx.groups.ulysses, {local.query, local.key, local.value}, Transfer::qkv);  // [B,U*S_l,Hc,*]
   at::Tensor kv = all_gather_seq(ctx.groups.all_gather, at::cat({qkv[1], qkv[2]}, -1), Transfer::kv_gather);  // [B,S,Hc,Dqk+Dv]
   std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_head_dim(), c.v_head_dim}, -1);
   return output_stage(ctx, step, attend_heads(ctx, step, qkv[0], parts[0], parts[1]), {}, /*overlap=*/false);
@@ -78,12 +61,10 @@ at::Tensor ExpandedHybridSchedule::overlapped(const ScheduleContext& ctx, const 
 
   // --- forward ---
   std::shared_ptr<Stage> kv_stage, query_stage;
-  std::vector<at::Tensor> kv_params{m.kv_b_proj->weight};
-  if (m.kv_b_proj->bias.defined()) kv_params.push_back(m.kv_b_proj->bias);
   {
     ComputeSpan span(tl, "kv_b_proj");
     kv_stage = std::make_shared<Stage>("kv_b_proj", std::vector<at::Tensor>{step.latents.kv_latent, step.key_rope},
-                                       kv_params, [&m](const std::vector<at::Tensor>& x) {
+                                       MlaLayer::kv_parameters(m), [&m](const std::vector<at::Tensor>& x) {
                                          auto [key, value] = MlaLayer::expand_key_value(m, x[0], x[1], 0, m.local_heads());
                                          return std::vector<at::Tensor>{at::cat({key, value}, -1)};  // [B,S_l,H,Dqk+Dv]
                                        });
@@ -93,14 +74,7 @@ at::Tensor ExpandedHybridSchedule::overlapped(const ScheduleContext& ctx, const 
     at::NoGradGuard no_grad;
     kv_exchange = launch_seq_to_head(ulysses, kv_stage->output(0).detach(), transfer_name(Transfer::kv));
   }
-  {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query_stage = std::make_shared<Stage>(
-        "q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent}, MlaLayer::query_parameters(m),
-        [&](const std::vector<at::Tensor>& x) {
-          return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};  // [B,S_l,H,Dqk]
-        });
-  }
+  query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
   at::Tensor q_heads, kv_all;
   {
     at::NoGradGuard no_grad;

@@ -24,21 +24,6 @@
 namespace mlacp {
 namespace {
 
-// attention over (Ulysses block rows x all keys): [B,U*S_l,Hc,*] -> [B,U*S_l,Hc,Dv]
-at::Tensor attend_heads(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v) {
-  ComputeSpan span(ctx.groups.instruments.timeline.get(), "attention");
-  return attend(ctx.plan.kernel(), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx.module.scaling(),
-                step.structure)
-      .transpose(1, 2);
-}
-
-std::vector<at::Tensor> kv_parameters(MlaAttentionImpl& m) {
-  std::vector<at::Tensor> params{m.kv_b_proj->weight};
-  if (m.kv_b_proj->bias.defined()) params.push_back(m.kv_b_proj->bias);
-  return params;
-}
-
 class ExpandedUlyssesSchedule final : public CpSchedule {
  public:
   ExpandedUlyssesSchedule(bool overlap, bool gate) : overlap_(overlap), gate_(gate) {}
@@ -64,18 +49,9 @@ class ExpandedUlyssesSchedule final : public CpSchedule {
 };
 
 at::Tensor ExpandedUlyssesSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
-  MlaAttentionImpl& m = ctx.module;
-  Timeline* tl = ctx.groups.instruments.timeline.get();
-  at::Tensor query, key, value;
-  {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
-  }
-  {
-    ComputeSpan span(tl, "kv_b_proj");
-    std::tie(key, value) = MlaLayer::expand_key_value(m, step.latents.kv_latent, step.key_rope, 0, m.local_heads());
-  }
-  std::vector<at::Tensor> qkv = seq_to_head(ctx.groups.ulysses, {query, key, value}, Transfer::qkv);  // [B,U*S_l,Hc,*]
+  const LocalQkv local = expand_local_qkv(ctx, step);  // [B,S_l,H,*]
+  std::vector<at::Tensor> qkv =
+      seq_to_head(ctx.groups.ulysses, {local.query, local.key, local.value}, Transfer::qkv);  // [B,U*S_l,Hc,*]
   return output_stage(ctx, step, attend_heads(ctx, step, qkv[0], qkv[1], qkv[2]), {}, /*overlap=*/false);
 }
 
@@ -95,7 +71,7 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
   {
     ComputeSpan span(tl, "kv_b_proj");
     kv_stage = std::make_shared<Stage>(
-        "kv_b_proj", std::vector<at::Tensor>{step.latents.kv_latent}, kv_parameters(m),
+        "kv_b_proj", std::vector<at::Tensor>{step.latents.kv_latent}, MlaLayer::kv_parameters(m),
         [&](const std::vector<at::Tensor>& x) {
           auto [weight, bias] = MlaLayer::kv_up_rows(m, 0, heads);
           at::Tensor kv = at::linear(x[0], weight, bias);
@@ -114,14 +90,7 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
   }
   const at::Tensor& key = key_stage->output(0);  // [B,S_l,H,Dqk]
   AsyncHandle k_exchange = launch(key, Transfer::k);  // K flies under Q
-  {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query_stage = std::make_shared<Stage>(
-        "q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent}, MlaLayer::query_parameters(m),
-        [&](const std::vector<at::Tensor>& x) {
-          return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};  // [B,S_l,H,Dqk]
-        });
-  }
+  query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
   AsyncHandle q_exchange = launch(query_stage->output(0), Transfer::q);
   if (gate_) {  // Q flies under the gate projection
     ComputeSpan span(tl, "gate_proj");

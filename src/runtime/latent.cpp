@@ -137,14 +137,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     gather = launch_all_gather_seq(cp, payload->output(0).detach(), transfer_name(Transfer::latent));
   }
   std::shared_ptr<Stage> query_stage;
-  {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query_stage = std::make_shared<Stage>(
-        "q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent}, MlaLayer::query_parameters(m),
-        [&](const std::vector<at::Tensor>& x) {
-          return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};  // [B,S_l,H,Dqk]
-        });
-  }
+  query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
   const at::Tensor& query = query_stage->output(0);
   at::Tensor gathered;  // [B,S,Rkv+Dr]
   AsyncHandle q_exchange;

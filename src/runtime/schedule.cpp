@@ -1,7 +1,12 @@
 // The schedule chosen for a plan, and the names of the transfers.
 #include "runtime/schedule.h"
 
+#include <ATen/ATen.h>
+
+#include "core/timeline.h"
+#include "kernels/attend.h"
 #include "mlacp/errors.h"
+#include "model/mla_layer.h"
 
 namespace mlacp {
 
@@ -19,6 +24,37 @@ std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& c
 
 std::vector<OverlappedTransfer> overlapped_transfers(const CpPlan& plan, const MlaConfig& config) {
   return make_schedule(plan, config)->overlapped_transfers();
+}
+
+std::shared_ptr<Stage> query_stage(const ScheduleContext& ctx, const LocalStep& step) {
+  ComputeSpan span(ctx.groups.instruments.timeline.get(), "q_b_proj_rope");
+  MlaAttentionImpl& m = ctx.module;
+  return std::make_shared<Stage>("q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent},
+                                 MlaLayer::query_parameters(m), [&](const std::vector<at::Tensor>& x) {
+                                   return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};
+                                 });
+}
+
+LocalQkv expand_local_qkv(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  Timeline* tl = ctx.groups.instruments.timeline.get();
+  LocalQkv qkv;
+  {
+    ComputeSpan span(tl, "q_b_proj_rope");
+    qkv.query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
+  }
+  ComputeSpan span(tl, "kv_b_proj");
+  std::tie(qkv.key, qkv.value) =
+      MlaLayer::expand_key_value(m, step.latents.kv_latent, step.key_rope, 0, m.local_heads());  // [B,S_l,H,*]
+  return qkv;
+}
+
+at::Tensor attend_heads(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v) {
+  ComputeSpan span(ctx.groups.instruments.timeline.get(), "attention");
+  return attend(ctx.plan.kernel(), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx.module.scaling(),
+                step.structure)
+      .transpose(1, 2);
 }
 
 std::string transfer_name(Transfer t) {

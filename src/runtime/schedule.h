@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stage.h"
 #include "kernels/reference_attention.h"
 #include "mlacp/attention.h"
 #include "mlacp/comm.h"
@@ -49,5 +50,20 @@ class CpSchedule {
 };
 
 std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& config);
+
+// --- steps several schedules share (schedule.cpp) ---
+// q_b_proj+RoPE of this rank's tokens [B,S_l,H,Dqk] as a Stage (the overlapped forms), span
+// "q_b_proj_rope".
+std::shared_ptr<Stage> query_stage(const ScheduleContext& ctx, const LocalStep& step);
+// The expanded strategy's local Q, K, V for all of this rank's heads [B,S_l,H,*] (the plain
+// forms; spans "q_b_proj_rope", "kv_b_proj").
+struct LocalQkv {
+  at::Tensor query, key, value;
+};
+LocalQkv expand_local_qkv(const ScheduleContext& ctx, const LocalStep& step);
+// Attention over (Ulysses block rows x all keys): q [B,Sq,Hc,Dqk], k, v [B,Sk,Hc,*] ->
+// [B,Sq,Hc,Dv] (span "attention").
+at::Tensor attend_heads(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v);
 
 }  // namespace mlacp
