@@ -250,7 +250,7 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
       if (a.defined() != b.defined()) diff = INFINITY;
       else if (a.defined()) diff = std::max(diff, max_abs_error(a, b));
     }
-    add("overlap on vs off (max abs)", diff, c.dtype == at::kDouble ? kOverlapFloat64Tolerance : tol);
+    add("overlap on vs off (max abs)", diff, kOverlapTolerance);
   }
   // Same rows on every rank: worst error over the world.
   errors = all_reduce_max(groups.world, errors);

@@ -33,7 +33,7 @@ struct CpCase {
 constexpr double kCpFloat64Tolerance = 1e-10;  // max abs error
 constexpr double kCpFloat32Tolerance = 1e-5;   // max error relative to max |reference|
 constexpr double kCpBf16Factor = 2.0;          // bf16: at most 2x the single-device bf16 error
-constexpr double kOverlapFloat64Tolerance = 1e-12;  // overlap on vs off, float64 max abs
+constexpr double kOverlapTolerance = 0.0;  // overlap on vs off, every dtype: identical to the bit
 
 // Checks that need no collective (run on every rank before the first one).
 void validate_cp_case(const CpCase& c, int64_t world_size);
