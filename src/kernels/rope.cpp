@@ -14,18 +14,18 @@ double correction_dim(double rotations, int64_t dim, double base, int64_t max_po
 
 }  // namespace
 
-RopeFrequencies make_rope_frequencies(const MlaConfig& config) {
-  const int64_t dim = config.qk_rope_head_dim;
-  const double base = config.rope_theta;
+RopeFrequencies make_rope_frequencies(const RopeSettings& settings) {
+  const int64_t dim = settings.dim;
+  const double base = settings.theta;
   auto f64 = at::TensorOptions().dtype(at::kDouble);
   // [Dr/2]: base^(-2i/Dr)
   at::Tensor exponent = at::arange(0, dim, 2, f64) / static_cast<double>(dim);
   at::Tensor freq_extra = 1.0 / at::pow(base, exponent);
   RopeFrequencies rope;
-  rope.layout = config.rope_layout;
+  rope.lanes = settings.lanes;
   rope.inv_freq = freq_extra;
-  if (config.yarn) {
-    const YarnScaling& y = *config.yarn;
+  if (settings.yarn) {
+    const RopeYarnSettings& y = *settings.yarn;
     at::Tensor freq_inter = freq_extra / y.factor;
     double low = std::floor(correction_dim(y.beta_fast, dim, base, y.original_max_position_embeddings));
     double high = std::ceil(correction_dim(y.beta_slow, dim, base, y.original_max_position_embeddings));
@@ -35,7 +35,7 @@ RopeFrequencies make_rope_frequencies(const MlaConfig& config) {
     at::Tensor ramp = ((at::arange(dim / 2, f64) - low) / (high - low)).clamp(0.0, 1.0);
     at::Tensor extrapolate = 1.0 - ramp;  // 1: keep the original frequency
     rope.inv_freq = freq_inter * (1.0 - extrapolate) + freq_extra * extrapolate;
-    rope.magnitude = config.rope_magnitude_scale();
+    rope.magnitude = y.magnitude;
   }
   return rope;
 }
@@ -55,7 +55,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
   sin = sin.view(view_shape);
 
   at::Tensor lanes = x;
-  if (rope.layout == RopeLayout::interleaved) {
+  if (rope.lanes == RopeLanes::interleaved) {
     // [..., Dr] -> [..., Dr/2, 2] -> [..., 2, Dr/2] -> [..., Dr]: evens first, then odds.
     std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end());
     pairs.back() = half;

@@ -1,21 +1,47 @@
 // Rotary position embedding for MLA (docs/DESIGN.md §1 step 5): the frequencies (plain or DeepSeek YaRN)
 // and their application in half-split or interleaved lane order.
-// Owns: the math. Does not own: where positions come from (forward inputs / the plan).
+// Owns: the math. Does not own: where positions come from (forward inputs / the plan), nor the
+// model config: the model turns its MlaConfig into RopeSettings (model/rope_settings.h).
 #pragma once
+
+#include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 
-#include "mlacp/config.h"
-
 namespace mlacp {
+
+// Lane order of the rope dims. Mirrors the model's RopeLayout (mlacp/config.h), which the
+// kernels may not include.
+enum class RopeLanes {
+  half_split,   // rotate_half on [x1 | x2]
+  interleaved,  // de-interleave even/odd lanes, then half-split
+};
+
+// DeepSeek YaRN frequency ramp, plus the cos/sin multiplier the model derives from its mscales.
+struct RopeYarnSettings {
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double magnitude = 1.0;  // multiplier applied to cos/sin
+};
+
+// Everything the rope kernel needs to know; plain values, no model types.
+struct RopeSettings {
+  int64_t dim = 0;         // Dr: rotated lanes per head (even)
+  double theta = 10000.0;  // frequency base
+  RopeLanes lanes = RopeLanes::half_split;
+  std::optional<RopeYarnSettings> yarn;  // none: plain frequencies, magnitude 1
+};
 
 struct RopeFrequencies {
   at::Tensor inv_freq;     // [Dr/2] float64, CPU
   double magnitude = 1.0;  // YaRN cos/sin multiplier
-  RopeLayout layout = RopeLayout::half_split;
+  RopeLanes lanes = RopeLanes::half_split;
 };
 
-RopeFrequencies make_rope_frequencies(const MlaConfig& config);
+RopeFrequencies make_rope_frequencies(const RopeSettings& settings);
 
 // x: [B, S, ..., Dr] (any number of middle dims, e.g. heads); positions: [B, S] int64.
 // Returns the rotated x in x's dtype. Interleaved layout de-interleaves lanes first (DeepSeek

@@ -8,6 +8,7 @@
 #include "kernels/rope.h"
 #include "mlacp/errors.h"
 #include "model/forward_inputs.h"
+#include "model/rope_settings.h"
 
 namespace mlacp {
 
@@ -62,7 +63,7 @@ MlaAttentionImpl::MlaAttentionImpl(const MlaConfig& config, const at::TensorOpti
   }
   o_proj = register_module("o_proj", make_linear(h * c.v_head_dim, c.hidden_size, c.attention_bias));
   to(options.device(), options.dtype().toScalarType());
-  rope_ = std::make_shared<RopeState>(RopeState{make_rope_frequencies(c)});
+  rope_ = std::make_shared<RopeState>(RopeState{make_rope_frequencies(rope_settings(c))});
 }
 
 torch::nn::Linear& MlaAttentionImpl::query_up_projection() { return config_.q_lora_rank ? q_b_proj : q_proj; }

@@ -8,12 +8,13 @@
 namespace mlacp {
 namespace {
 
-MlaConfig rope_config(RopeLayout layout, bool yarn) {
-  MlaConfig c = preset_config("tiny");
-  c.qk_rope_head_dim = 8;
-  c.rope_layout = layout;
-  if (yarn) c.yarn = YarnScaling{4.0, 16, 32.0, 1.0, 0.707, 1.0};
-  return c;
+// Dr 8; with YaRN: factor 4 over 16 original positions, betas 32/1, a cos/sin multiplier != 1.
+RopeSettings test_settings(RopeLanes lanes, bool yarn) {
+  RopeSettings s;
+  s.dim = 8;
+  s.lanes = lanes;
+  if (yarn) s.yarn = RopeYarnSettings{4.0, 16, 32.0, 1.0, 0.93};
+  return s;
 }
 
 double rotated_dot(const RopeFrequencies& rope, const at::Tensor& q, const at::Tensor& k, int64_t pq, int64_t pk) {
@@ -21,11 +22,11 @@ double rotated_dot(const RopeFrequencies& rope, const at::Tensor& q, const at::T
   return (apply_rope(q, pos(pq), rope) * apply_rope(k, pos(pk), rope)).sum().item<double>();
 }
 
-class RopeLayouts : public ::testing::TestWithParam<std::tuple<RopeLayout, bool>> {};
+class RopeLayouts : public ::testing::TestWithParam<std::tuple<RopeLanes, bool>> {};
 
 TEST_P(RopeLayouts, ScoresDependOnlyOnPositionDifference) {
-  auto [layout, yarn] = GetParam();
-  const RopeFrequencies rope = make_rope_frequencies(rope_config(layout, yarn));
+  auto [lanes, yarn] = GetParam();
+  const RopeFrequencies rope = make_rope_frequencies(test_settings(lanes, yarn));
   at::manual_seed(3);
   at::Tensor q = at::randn({1, 1, 8}, at::kDouble), k = at::randn({1, 1, 8}, at::kDouble);
   for (int64_t delta : {0, 1, 5, 37}) {
@@ -40,36 +41,35 @@ TEST_P(RopeLayouts, ScoresDependOnlyOnPositionDifference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayouts, RopeLayouts,
-                         ::testing::Combine(::testing::Values(RopeLayout::half_split, RopeLayout::interleaved),
+                         ::testing::Combine(::testing::Values(RopeLanes::half_split, RopeLanes::interleaved),
                                             ::testing::Bool()));
 
 TEST(Rope, PositionZeroIsIdentityUpToLaneOrder) {
   at::Tensor x = at::arange(8, at::kDouble).view({1, 1, 8});
   at::Tensor zero = at::zeros({1, 1}, at::kLong);
-  at::Tensor half = apply_rope(x, zero, make_rope_frequencies(rope_config(RopeLayout::half_split, false)));
+  at::Tensor half = apply_rope(x, zero, make_rope_frequencies(test_settings(RopeLanes::half_split, false)));
   EXPECT_TRUE(at::equal(half, x));
-  at::Tensor inter = apply_rope(x, zero, make_rope_frequencies(rope_config(RopeLayout::interleaved, false)));
+  at::Tensor inter = apply_rope(x, zero, make_rope_frequencies(test_settings(RopeLanes::interleaved, false)));
   at::Tensor expected = at::tensor({0., 2., 4., 6., 1., 3., 5., 7.}, at::kDouble).view({1, 1, 8});
   EXPECT_TRUE(at::equal(inter, expected));
 }
 
 TEST(Rope, YarnKeepsHighFrequenciesAndScalesLowOnes) {
-  MlaConfig c = preset_config("deepseek-v3");
-  const RopeFrequencies yarn = make_rope_frequencies(c);
-  c.yarn.reset();
-  const RopeFrequencies plain = make_rope_frequencies(c);
-  // DeepSeek-V3 (Dr 64, base 1e4, original 4096, beta 32/1): correction range [10, 23].
+  // DeepSeek-V3's rope (Dr 64, base 1e4, factor 40, original 4096, beta 32/1): correction range [10, 23].
+  RopeSettings s{64, 10000.0, RopeLanes::interleaved, RopeYarnSettings{40.0, 4096, 32.0, 1.0, 1.0}};
+  const RopeFrequencies yarn = make_rope_frequencies(s);
+  s.yarn.reset();
+  const RopeFrequencies plain = make_rope_frequencies(s);
   EXPECT_DOUBLE_EQ(yarn.inv_freq[0].item<double>(), plain.inv_freq[0].item<double>());
   EXPECT_DOUBLE_EQ(yarn.inv_freq[10].item<double>(), plain.inv_freq[10].item<double>());
   EXPECT_NEAR(yarn.inv_freq[31].item<double>(), plain.inv_freq[31].item<double>() / 40.0, 1e-18);
   EXPECT_GT(yarn.inv_freq[15].item<double>(), plain.inv_freq[15].item<double>() / 40.0);
   EXPECT_LT(yarn.inv_freq[15].item<double>(), plain.inv_freq[15].item<double>());
-  EXPECT_DOUBLE_EQ(yarn.magnitude, 1.0);  // mscale == mscale_all_dim
+  EXPECT_DOUBLE_EQ(yarn.magnitude, 1.0);
 }
 
 TEST(Rope, RotationPreservesNormTimesMagnitude) {
-  MlaConfig c = rope_config(RopeLayout::half_split, true);
-  const RopeFrequencies rope = make_rope_frequencies(c);
+  const RopeFrequencies rope = make_rope_frequencies(test_settings(RopeLanes::half_split, true));
   at::Tensor x = at::randn({2, 5, 3, 8}, at::kDouble);
   at::Tensor pos = at::arange(5, at::kLong).unsqueeze(0).expand({2, 5});
   at::Tensor y = apply_rope(x, pos, rope);
