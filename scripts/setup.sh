@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache git
   libtorch-dev libgloo-dev          # LibTorch 1.13 with c10d Gloo
-  libopenblas0-pthread              # float32 GEMM off the reference netlib BLAS (see LIBTORCH.md)
+  libopenblas0-pthread              # float32 GEMM off the reference netlib BLAS (slow)
   libgtest-dev libgmock-dev         # tests
   nlohmann-json3-dev libcli11-dev   # config.json / --json, the command line
   gnuplot-nox                       # loss-curve plots

@@ -59,11 +59,11 @@ class CpPlan {
   CpPartition partition() const { return spec_.partition; }
   AttentionKernel kernel() const { return spec_.kernel; }
   int64_t local_heads() const { return spec_.dims.heads / spec_.tp; }          // H
-  int64_t compute_heads() const { return local_heads() / spec_.ulysses; }      // Hc = H / U
+  int64_t head_block_size() const { return local_heads() / spec_.ulysses; }      // Hc = H / U
   // Grid position of a CP rank: Ulysses rank u = r % U, all-gather index a = r / U.
   int64_t ulysses_rank(int64_t cp_rank) const { return cp_rank % spec_.ulysses; }
   int64_t all_gather_rank(int64_t cp_rank) const { return cp_rank / spec_.ulysses; }
-  int64_t head_begin(int64_t cp_rank) const { return ulysses_rank(cp_rank) * compute_heads(); }
+  int64_t head_begin(int64_t cp_rank) const { return ulysses_rank(cp_rank) * head_block_size(); }
 
   std::string to_text() const;
   std::string to_json() const;

@@ -80,7 +80,7 @@ std::string CpPlan::to_text() const {
       << " all_gather(A)=" << all_gather() << "\n"
       << "  dims     heads=" << d.heads << " Rq=" << d.q_rank << " Rkv=" << d.kv_rank << " Dn=" << d.nope_dim
       << " Dr=" << d.rope_dim << " Dv=" << d.value_dim << "\n"
-      << "  heads    local(H)=" << local_heads() << " compute(Hc)=" << compute_heads()
+      << "  heads    local(H)=" << local_heads() << " head block(Hc)=" << head_block_size()
       << "; CP rank r computes heads [u*Hc, (u+1)*Hc) with u = r % U\n";
   return out.str();
 }
@@ -99,7 +99,7 @@ std::string CpPlan::to_json() const {
   j["partition"] = partition_name(spec_.partition);
   j["kernel"] = kernel_name(spec_.kernel);
   j["local_heads"] = local_heads();
-  j["compute_heads"] = compute_heads();
+  j["head_block_size"] = head_block_size();
   return j.dump();
 }
 

@@ -47,7 +47,7 @@ class RowSplitAttention {
   void start(const at::Tensor& query_local) {
     if (ctx_.plan.kernel() != AttentionKernel::blockwise) return;
     const int64_t local_len = query_local.size(1), rows = ctx_.groups.ulysses.size() * local_len;
-    const int64_t u = ctx_.plan.ulysses_rank(ctx_.groups.cp_rank), heads = ctx_.plan.compute_heads();
+    const int64_t u = ctx_.plan.ulysses_rank(ctx_.groups.cp_rank), heads = ctx_.plan.head_block_size();
     segmented_ = std::make_unique<SegmentedAttention>(key_.transpose(1, 2), value_.transpose(1, 2),
                                                       ctx_.module.scaling(), step_.structure, rows);
     ComputeSpan span(ctx_.groups.instruments.timeline.get(), "attention_own_rows");
@@ -113,7 +113,7 @@ at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& st
   {
     ComputeSpan span(tl, "kv_b_proj");
     std::tie(key, value) =
-        MlaLayer::expand_key_value(m, parts[0], parts[1], begin, begin + ctx.plan.compute_heads());  // [B,S,Hc,*]
+        MlaLayer::expand_key_value(m, parts[0], parts[1], begin, begin + ctx.plan.head_block_size());  // [B,S,Hc,*]
   }
   RowSplitAttention attention(ctx, step, key, value);
   attention.start(query);
@@ -147,7 +147,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     q_exchange = launch_seq_to_head(ulysses, query.detach(), transfer_name(Transfer::q));
   }
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
-  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.compute_heads());
+  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
   const at::Tensor latent_all = gathered.narrow(-1, 0, c.kv_lora_rank).contiguous();  // [B,S,Rkv]
   const at::Tensor shared_all = gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim);  // [B,S,Dr]
   at::Tensor projected;  // [B,S,Hc*(Dn+Dv)]

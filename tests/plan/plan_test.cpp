@@ -139,7 +139,7 @@ TEST(PlanDerived, HeadsAndGridPositions) {
   EXPECT_EQ(plan.ulysses(), 2);
   EXPECT_EQ(plan.all_gather(), 2);
   EXPECT_EQ(plan.local_heads(), 8);
-  EXPECT_EQ(plan.compute_heads(), 4);
+  EXPECT_EQ(plan.head_block_size(), 4);
   const std::vector<int64_t> u{0, 1, 0, 1}, a{0, 0, 1, 1}, begin{0, 4, 0, 4};
   for (int64_t r = 0; r < 4; ++r) {
     EXPECT_EQ(plan.ulysses_rank(r), u[r]) << r;
@@ -158,7 +158,7 @@ TEST(PlanDerived, UlyssesZeroMeansP) {
   EXPECT_EQ(plan.ulysses(), 4);
   EXPECT_EQ(plan.spec().ulysses, 4);
   EXPECT_EQ(plan.all_gather(), 1);
-  EXPECT_EQ(plan.compute_heads(), 4);
+  EXPECT_EQ(plan.head_block_size(), 4);
   for (int64_t r = 0; r < 4; ++r) {
     EXPECT_EQ(plan.ulysses_rank(r), r);
     EXPECT_EQ(plan.all_gather_rank(r), 0);
@@ -166,7 +166,7 @@ TEST(PlanDerived, UlyssesZeroMeansP) {
   }
   CpPlan pure_gather(spec(1, 4, 1));  // U = 1: every rank computes all heads
   EXPECT_EQ(pure_gather.all_gather(), 4);
-  EXPECT_EQ(pure_gather.compute_heads(), 16);
+  EXPECT_EQ(pure_gather.head_block_size(), 16);
   for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(pure_gather.head_begin(r), 0);
   CpPlan no_cp(spec(1, 1, 0));
   EXPECT_EQ(no_cp.ulysses(), 1);
@@ -181,7 +181,7 @@ TEST(PlanText, TextNamesEveryField) {
   const std::string text = CpPlan(s).to_text();
   for (const std::string part :
        {"strategy=expanded_ulysses", "partition=head_tail", "overlap=on", "tp=2", "cp(P)=4", "ulysses(U)=2",
-        "all_gather(A)=2", "heads=16", "Rq=64", "Rkv=32", "Dn=16", "Dr=8", "Dv=12", "local(H)=8", "compute(Hc)=4"})
+        "all_gather(A)=2", "heads=16", "Rq=64", "Rkv=32", "Dn=16", "Dr=8", "Dv=12", "local(H)=8", "head block(Hc)=4"})
     EXPECT_TRUE(contains(text, part)) << "missing '" << part << "' in:\n" << text;
   EXPECT_TRUE(contains(CpPlan(spec()).to_text(), "overlap=off"));
   EXPECT_TRUE(contains(CpPlan(spec()).to_text(), "strategy=latent_kv_head"));
@@ -206,7 +206,7 @@ TEST(PlanText, JsonHoldsEveryFieldAndDerivedValue) {
   EXPECT_EQ(j.at("overlap"), true);
   EXPECT_EQ(j.at("partition"), "head_tail");
   EXPECT_EQ(j.at("local_heads"), 8);
-  EXPECT_EQ(j.at("compute_heads"), 4);
+  EXPECT_EQ(j.at("head_block_size"), 4);
   // U = 0 is stored resolved.
   EXPECT_EQ(nlohmann::json::parse(CpPlan(spec(1, 4, 0)).to_json()).at("ulysses"), 4);
 }
