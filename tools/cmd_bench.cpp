@@ -22,6 +22,7 @@
 #include "bench_stats.h"
 #include "check/cases.h"
 #include "commands.h"
+#include "output_file.h"
 #include "core/compat.h"
 #include "core/format.h"
 #include "core/timeline.h"
@@ -167,6 +168,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const CommonArgs& common, const BenchArgs& a) {
+  if (!a.json_path.empty()) check_output_file("--json", a.json_path);  // before any rank starts
   if (!launched_as_rank()) {
     // Each local rank on its own cores unless asked otherwise: on a small host an unpinned rank
     // migrates and the two ranks' speeds drift apart, which shows up as waiting.
@@ -348,11 +350,10 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                  "of their exposed time with overlap off):\n";
     criteria.print(std::cout);
     if (!a.json_path.empty()) {
-      std::ofstream(a.json_path) << json{{"world_size", world.size}, {"seq", a.seq}, {"batch", a.batch},
-                                         {"steps", a.steps}, {"warmup", a.warmup}, {"pinned", common.pin_cores}, {"sched_batch", common.batch_scheduling},
-                                         {"all_criteria_met", all_met}, {"rows", rows}}
-                                        .dump(2)
-                                 << "\n";
+      const json doc{{"world_size", world.size}, {"seq", a.seq}, {"batch", a.batch}, {"steps", a.steps},
+                     {"warmup", a.warmup}, {"pinned", common.pin_cores}, {"sched_batch", common.batch_scheduling},
+                     {"all_criteria_met", all_met}, {"rows", rows}};
+      write_output_file("--json", a.json_path, doc.dump(2) + "\n");
     }
   }
   return 0;

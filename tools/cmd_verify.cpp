@@ -14,6 +14,7 @@
 #include "check/cp_checks.h"
 #include "check/single_device_checks.h"
 #include "commands.h"
+#include "output_file.h"
 #include "core/format.h"
 #include "mlacp/errors.h"
 #include "table.h"
@@ -34,9 +35,9 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--value", a.value, "value dim Dv");
   g->add_option("--seq", a.seq, "global sequence length S");
   g->add_option("--batch", a.batch, "batch B");
-  g->add_option("--dp", a.dp, "data-parallel degree");
-  g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))");
-  g->add_option("--tp", a.tp, "tensor-parallel degree");
+  g->add_option("--dp", a.dp, "data-parallel degree")->check(CLI::Range(1, 65536));
+  g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))")->check(CLI::Range(1, 65536));
+  g->add_option("--tp", a.tp, "tensor-parallel degree")->check(CLI::Range(1, 65536));
   g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P)");
   g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head");
   g->add_option("--partition", a.partition, "contiguous | head_tail");
@@ -165,8 +166,8 @@ struct Report {
                                       " checks FAILED\n");
     if (!json_path.empty()) {
       nlohmann::json doc{{"mode", mode}, {"passed", failures == 0}, {"rows", rows}};
-      doc.update(extra);
-      std::ofstream(json_path) << doc.dump(2) << "\n";
+      if (extra.is_object()) doc.update(extra);
+      write_output_file("--json", json_path, doc.dump(2) + "\n");
     }
     return failures == 0 ? 0 : 1;
   }
@@ -264,6 +265,7 @@ CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
 }
 
 int run_verify(const CommonArgs& common, const VerifyArgs& args) {
+  if (!args.json_path.empty()) check_output_file("--json", args.json_path);  // before any rank starts
   if (args.single_device) {
     apply_threads(common);
     return run_single_device(args);

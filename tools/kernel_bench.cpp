@@ -1,6 +1,8 @@
 // `mlacp bench-kernel`: see kernel_bench.h.
 #include "kernel_bench.h"
 
+#include "output_file.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -163,6 +165,7 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
 }
 
 int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
+  if (!args.json_path.empty()) check_output_file("--json", args.json_path);
   apply_threads(common);
   install_memory_probe();
   const int threads = at::get_num_threads();
@@ -213,7 +216,7 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
         {"repeats", args.repeats},
         {"gemm_at_start", gemm_json},
         {"rows", json_rows}};
-    std::ofstream(args.json_path) << doc.dump(2) << "\n";
+    write_output_file("--json", args.json_path, doc.dump(2) + "\n");
   }
   return 0;
 }

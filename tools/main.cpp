@@ -91,7 +91,31 @@ int main(int argc, char** argv) {
   CLI::App* kernel_bench_cmd = add_kernel_bench_command(app, kernel_bench);
   TrainArgs train;
   CLI::App* train_cmd = add_train_command(app, train);
-  CLI11_PARSE(app, argc, argv);
+  // An unknown command is named as such (CLI11 would only say a subcommand is required).
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads") {
+      ++i;
+      continue;
+    }
+    if (!arg.empty() && arg[0] == '-') continue;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == arg;
+    if (!known) {
+      std::cerr << "mlacp: unknown command '" << arg << "': the commands are info, verify, bench, bench-kernel and "
+                << "train (mlacp --help lists them)\n";
+      return 2;
+    }
+    break;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+    // Command-line rule broken: one mlacp line with CLI11's own text (it names the option and value).
+    std::cerr << "mlacp: invalid command line: " << e.what() << " (mlacp <command> --help lists the options)\n";
+    return 2;
+  }
   try {
     if (info_cmd->parsed()) return run_info(common, info);
     if (verify_cmd->parsed()) return run_verify(common, verify);

@@ -515,9 +515,12 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   CLI::App* cmd = app.add_subcommand("train", "train a small MLA decoder on the shipped corpus with context parallelism");
   auto* layout = cmd->add_option_group("layout", "ranks and parallel degrees (world = dp x cp x tp)");
   layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64))->capture_default_str();
-  layout->add_option("--cp", args.cp, "context-parallel degree P (default: world / (dp*tp))");
-  layout->add_option("--dp", args.dp, "data-parallel degree")->capture_default_str();
-  layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")->capture_default_str();
+  layout->add_option("--cp", args.cp, "context-parallel degree P (default: world / (dp*tp))")
+      ->check(CLI::Range(1, 65536));
+  layout->add_option("--dp", args.dp, "data-parallel degree")->capture_default_str()->check(CLI::Range(1, 65536));
+  layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P)")->capture_default_str();
   layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head")->capture_default_str();
   layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Invalid invocations end in a clear error: non-zero exit within seconds, an "mlacp:" line that
+# names the rule, no LibTorch stack trace, no file left behind. (A start on the hostile-input
+# table; each row is one invocation and a text its message must contain.)
+set -u
+mlacp="$(realpath "$1")"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+touch "$work/a_file"
+failures=0
+row() {  # row "expected text" args...
+  local expected="$1"; shift
+  local out rc
+  out=$(cd "$work" && timeout 60 "$mlacp" "$@" 2>&1); rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "^mlacp\|mlacp:" <<<"$out" || ! grep -qF -- "$expected" <<<"$out" \
+     || grep -q "Exception raised from\|frame #" <<<"$out"; then
+    echo "FAIL (exit $rc): mlacp $*"; echo "$out" | tail -5 | sed 's/^/    /'
+    failures=$((failures + 1))
+  fi
+}
+row "unknown command 'frobnicate'" frobnicate
+row "--dp" verify --nproc 2 --dp 0
+row "--tp" verify --nproc 2 --tp 0
+row "--dp" train --nproc 2 --dp 0 --steps 1
+row "--json must name a file that can be written" verify --single-device --case tiny-causal --json "$work/missing/x.json"
+row "it is a folder" verify --single-device --case tiny-causal --json "$work"
+row "--json must name a file that can be written" verify --nproc 2 --json "$work/a_file/x.json"
+row "--json must name a file that can be written" bench --nproc 2 --steps 1 --json "$work/missing/b.json"
+row "--json must name a file that can be written" bench-kernel --json "$work/missing/k.json"
+left=$(find "$work" -mindepth 1 ! -name a_file | wc -l)
+[ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
+# A valid --json is written (single device: it used to fail for every path).
+if ! (cd "$work" && "$mlacp" verify --single-device --case tiny-causal --json "$work/ok.json" >/dev/null 2>&1) \
+   || ! grep -q '"passed": true' "$work/ok.json"; then
+  echo "FAIL: verify --single-device --json did not write its results"; failures=$((failures + 1))
+fi
+[ "$failures" -eq 0 ] && echo PASS || { echo "$failures invocation(s) failed"; exit 1; }
