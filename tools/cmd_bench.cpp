@@ -8,6 +8,7 @@
 //   --auto-link sizes the link bandwidth, per strategy, so that each overlapped transfer takes at
 //   most half of the computation placed under it (measured in a calibration run without a link).
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -169,6 +170,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
 
 int run_bench(const CommonArgs& common, const BenchArgs& a) {
   if (!a.json_path.empty()) check_output_file("--json", a.json_path);  // before any rank starts
+  MLACP_REQUIRE(std::isfinite(a.bandwidth_gbps) && a.bandwidth_gbps >= 0.0, "bench",
+                "--bandwidth-gbps must be a finite number >= 0 (0: no emulated bandwidth limit)",
+                {got("bandwidth_gbps", a.bandwidth_gbps)}, "pass e.g. --bandwidth-gbps 0.5, or --auto-link");
+  MLACP_REQUIRE(std::isfinite(a.latency_us) && a.latency_us >= 0.0, "bench",
+                "--latency-us must be a finite number >= 0", {got("latency_us", a.latency_us)},
+                "pass e.g. --latency-us 20");
   if (!launched_as_rank()) {
     // Each local rank on its own cores unless asked otherwise: on a small host an unpinned rank
     // migrates and the two ranks' speeds drift apart, which shows up as waiting.

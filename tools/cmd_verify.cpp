@@ -96,6 +96,14 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   return c;
 }
 
+// The cases of a multi-rank run: the ad-hoc one, the named ones or the default matrix.
+std::vector<CpCase> select_cp_cases(const VerifyArgs& args, int64_t world_size) {
+  MLACP_REQUIRE(!(args.adhoc.given && !args.cases.empty()), "verify", "--case and ad-hoc case flags are exclusive",
+                {got("case", args.cases.front())}, "drop --case to run the ad-hoc case, or drop the case flags");
+  if (args.adhoc.given) return {build_adhoc(args.adhoc, world_size)};
+  return args.cases.empty() ? default_cp_cases(world_size) : find_cp_cases(args.cases, world_size);
+}
+
 // One table row per case (its worst errors by quantity); the JSON keeps every check.
 struct Report {
   struct CaseLine {
@@ -196,9 +204,7 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
   apply_threads(common);
   const WorldInfo world = world_from_env();
   const bool named = !args.cases.empty();
-  std::vector<CpCase> cases = args.adhoc.given ? std::vector<CpCase>{build_adhoc(args.adhoc, world.size)}
-                              : named          ? find_cp_cases(args.cases, world.size)
-                                               : default_cp_cases(world.size);
+  std::vector<CpCase> cases = select_cp_cases(args, world.size);
   const bool lead = world.rank == 0;
   if (args.list) {
     if (lead)
@@ -271,6 +277,10 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
     return run_single_device(args);
   }
   if (launched_as_rank()) return run_as_rank(common, args);
+  // Every rule that needs no collective, here, before any rank starts: one clear error (a rank
+  // that exits early would otherwise make the launcher stop the others before they print it).
+  if (!args.list)
+    for (const CpCase& c : select_cp_cases(args, args.nproc)) validate_cp_case(c, args.nproc);
   return relaunch_local(common, args.nproc);
 }
 

@@ -102,9 +102,40 @@ std::string CpCase::describe() const {
   return out.str();
 }
 
+// The parameter names of an MlaAttention with this config (as MlaAttentionImpl registers them).
+std::vector<std::string> parameter_names(const MlaConfig& c) {
+  std::vector<std::string> names;
+  auto linear = [&](const std::string& name, bool bias) {
+    names.push_back(name + ".weight");
+    if (bias) names.push_back(name + ".bias");
+  };
+  if (c.q_lora_rank) {
+    linear("q_a_proj", c.attention_bias);
+    names.push_back("q_a_layernorm.weight");
+    linear("q_b_proj", c.up_proj_bias);
+  } else {
+    linear("q_proj", c.attention_bias);
+  }
+  linear("kv_a_proj_with_mqa", c.attention_bias);
+  names.push_back("kv_a_layernorm.weight");
+  linear("kv_b_proj", c.up_proj_bias);
+  if (c.output_gate) linear("o_gate_proj", c.attention_bias);
+  linear("o_proj", c.attention_bias);
+  return names;
+}
+
 void validate_cp_case(const CpCase& c, int64_t world_size) {
   check_mesh_shape(c.mesh, world_size);
   c.base.config.validate();
+  const std::vector<std::string> names = parameter_names(c.base.config);
+  for (const std::string& prefix : c.frozen) {
+    bool matches = prefix == "hidden";
+    for (const std::string& name : names) matches = matches || (!prefix.empty() && name.rfind(prefix, 0) == 0);
+    std::string all;
+    for (const std::string& name : names) all += (all.empty() ? "" : ",") + name;
+    MLACP_REQUIRE(matches, kWhat, "a --frozen prefix must match a parameter of the layer (or be 'hidden')",
+                  {got("frozen", prefix), got("parameters", all)}, "pass a prefix of one of the parameter names");
+  }
   MLACP_REQUIRE(c.base.batch % c.mesh.dp == 0, kWhat, "batch must be divisible by dp (each DP rank takes B/dp rows)",
                 {got("batch", c.base.batch), got("dp", c.mesh.dp)}, "choose a batch that dp divides");
   MLACP_REQUIRE(c.dtype == at::kDouble || c.dtype == at::kFloat || c.dtype == at::kBFloat16, kWhat,

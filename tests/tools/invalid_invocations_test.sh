@@ -27,6 +27,13 @@ row "it is a folder" verify --single-device --case tiny-causal --json "$work"
 row "--json must name a file that can be written" verify --nproc 2 --json "$work/a_file/x.json"
 row "--json must name a file that can be written" bench --nproc 2 --steps 1 --json "$work/missing/b.json"
 row "--json must name a file that can be written" bench-kernel --json "$work/missing/k.json"
+row "ulysses" verify --nproc 4 --cp 4 --ulysses 3
+row "--frozen prefix must match" verify --nproc 2 --frozen nope
+row "exclusive" verify --nproc 2 --case latent-tp2-cp2-gate --seq 64
+row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps -1
+row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps nan
+row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps inf
+row "--latency-us must be a finite number" bench --nproc 2 --latency-us -5
 left=$(find "$work" -mindepth 1 ! -name a_file | wc -l)
 [ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
 # A valid --json is written (single device: it used to fail for every path).
