@@ -139,8 +139,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--nproc", a.nproc, "local ranks (CP degree)")->check(CLI::Range(2, 64));
   cmd->add_option("--strategy", a.strategies, "strategies to run (default both)")->delimiter(',');
   cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P)");
-  cmd->add_option("--seq", a.seq, "global sequence length");
-  cmd->add_option("--batch", a.batch, "batch");
+  cmd->add_option("--seq", a.seq, "global sequence length")->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--batch", a.batch, "batch")->check(CLI::Range(1, 65536));
   cmd->add_option("--hidden", a.hidden, "hidden size");
   cmd->add_option("--heads", a.heads, "heads");
   cmd->add_option("--q-rank", a.q_rank, "q latent rank");

@@ -33,23 +33,24 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--nope", a.nope, "nope dim Dn");
   g->add_option("--rope", a.rope, "rope dim Dr");
   g->add_option("--value", a.value, "value dim Dv");
-  g->add_option("--seq", a.seq, "global sequence length S");
-  g->add_option("--batch", a.batch, "batch B");
+  g->add_option("--seq", a.seq, "global sequence length S")->check(CLI::Range(1, 1 << 22));
+  g->add_option("--batch", a.batch, "batch B")->check(CLI::Range(1, 65536));
   g->add_option("--dp", a.dp, "data-parallel degree")->check(CLI::Range(1, 65536));
   g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))")->check(CLI::Range(1, 65536));
   g->add_option("--tp", a.tp, "tensor-parallel degree")->check(CLI::Range(1, 65536));
   g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P)");
   g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head");
   g->add_option("--partition", a.partition, "contiguous | head_tail");
-  g->add_option("--causal", a.causal, "true | false");
+  g->add_option("--causal", a.causal, "true | false")->check(CLI::IsMember({"true", "false", "1", "0"}));
   g->add_option("--doc-ends", a.doc_ends, "packed document ends (global, batch 1)")->delimiter(',');
-  g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)");
+  g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)")->check(CLI::Range(1, 1 << 22));
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
   g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive): the CP runtime's attention kernel");
   g->add_option("--reference-kernel", a.reference_kernel, "reference (alias naive) | blockwise: the single-device oracle's kernel");
   g->add_flag("--reference-rank0", a.reference_rank0, "rank 0 alone computes the reference (long sequences)");
-  g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)");
+  g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)")
+      ->check(CLI::IsMember({"true", "false", "1", "0"}));
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
   g->add_option("--frozen", a.frozen, "frozen parameter-name prefixes; 'hidden' freezes the input")->delimiter(',');
   g->add_option("--seed", a.seed, "seed of parameters and inputs");
@@ -80,6 +81,9 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   c.base.masked_rows = a.masked_rows;
   MLACP_REQUIRE(a.masked_rows.empty() || c.base.band_width > 0, "verify", "--masked-rows needs --band",
                 {got("masked_rows", a.masked_rows)}, "add --band W");
+  for (int64_t row : a.masked_rows)
+    MLACP_REQUIRE(0 <= row && row < c.base.seq_len, "verify", "--masked-rows must be query rows in [0, S)",
+                  {got("masked_row", row), got("seq", c.base.seq_len)}, "pass rows between 0 and S-1");
   c.base.seed = static_cast<uint64_t>(a.seed.value_or(0));
   c.mesh.dp = a.dp.value_or(1);
   c.mesh.tp = a.tp.value_or(1);

@@ -277,12 +277,20 @@ std::ofstream open_log(const std::string& path, int64_t resumed_step) {
 // ---- rank ------------------------------------------------------------------------------------
 
 // Everything a rank can check alone, before the first collective (same result on every rank).
+// A --reference log: readable and holding at least one step (checked before any training).
+std::vector<train::StepRecord> read_reference_log(const std::string& path) {
+  std::vector<train::StepRecord> records = train::read_step_log(path);
+  MLACP_REQUIRE(!records.empty(), kWhat, "the --reference log holds no step", {got("reference", path)},
+                "pass a log written by mlacp train --log FILE.jsonl");
+  return records;
+}
+
 train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size) {
   MLACP_REQUIRE(!args.compare, kWhat, "--compare starts its own local launches and cannot run under torchrun",
                 {got("compare", true)}, "run mlacp train --compare without torchrun");
   train::PreparedTraining prepared = train::prepare_training(build_config(args, world_size), world_size);
   if (!args.plot.empty()) require_gnuplot();
-  if (!args.reference.empty()) train::read_step_log(args.reference);
+  if (!args.reference.empty()) read_reference_log(args.reference);
   return prepared;
 }
 
@@ -302,9 +310,12 @@ void report_run(const TrainArgs& args, const train::TrainConfig& config, const s
     summary << "train: checkpoint " << config.checkpoint_dir << " (step " << records.back().step << ")\n";
   std::vector<Curve> curves{{layout_label(config), curve}};
   if (!args.reference.empty()) {
-    Curve reference{"reference " + fs::path(args.reference).filename().string(), train::read_step_log(args.reference)};
+    Curve reference{"reference " + fs::path(args.reference).filename().string(), read_reference_log(args.reference)};
     int64_t common_steps = 0;
     const double diff = train::max_relative_loss_difference(curve, reference.records, &common_steps);
+    MLACP_REQUIRE(common_steps > 0, kWhat, "the --reference log shares no step with this run",
+                  {got("reference", args.reference), got("reference_steps", static_cast<int64_t>(reference.records.size()))},
+                  "pass the log of a run over the same steps");
     summary << "train: against " << args.reference << ": max relative loss difference " << sci(diff) << " over "
             << common_steps << " common steps\n";
     curves.push_back(std::move(reference));
@@ -449,7 +460,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   parallel.compare = single.compare = false;
   const train::PreparedTraining p = prepare_rank(parallel, args.nproc);
   const train::PreparedTraining s = prepare_rank(single, 1);
-  if (!args.reference.empty()) train::read_step_log(args.reference);
+  if (!args.reference.empty()) read_reference_log(args.reference);
   fs::create_directories(args.out_dir);
   const std::string parallel_log = (fs::path(args.out_dir) / "train-parallel.jsonl").string();
   const std::string single_log = (fs::path(args.out_dir) / "train-single.jsonl").string();
@@ -487,7 +498,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   const bool agree = diff <= tolerance && common_steps == p.config.steps;
   std::vector<Curve> curves{{layout_label(p.config) + " (" + std::to_string(args.nproc) + " ranks)", a},
                             {"single process (1 rank)", b}};
-  if (!args.reference.empty()) curves.push_back({"reference", train::read_step_log(args.reference)});
+  if (!args.reference.empty()) curves.push_back({"reference", read_reference_log(args.reference)});
   write_loss_plot(plot, "mlacp train --compare: " + p.config.model.describe(), curves);
 
   Table table({"run", "ranks", "final loss", "tokens/s", "time s"});

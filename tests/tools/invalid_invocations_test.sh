@@ -6,7 +6,7 @@ set -u
 mlacp="$(realpath "$1")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-touch "$work/a_file"
+touch "$work/a_file" "$work/empty.jsonl"
 failures=0
 row() {  # row "expected text" args...
   local expected="$1"; shift
@@ -34,7 +34,13 @@ row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps 
 row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps nan
 row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps inf
 row "--latency-us must be a finite number" bench --nproc 2 --latency-us -5
-left=$(find "$work" -mindepth 1 ! -name a_file | wc -l)
+row "--band" verify --nproc 2 --band -1
+row "--masked-rows must be query rows" verify --nproc 2 --band 4 --masked-rows -1
+row "--seq" verify --nproc 2 --seq ''
+row "--causal" verify --nproc 2 --causal 2
+row "--batch" bench --nproc 2 --batch -1
+row "the --reference log holds no step" train --nproc 2 --steps 1 --reference "$work/empty.jsonl"
+left=$(find "$work" -mindepth 1 ! -name a_file ! -name empty.jsonl | wc -l)
 [ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
 # A valid --json is written (single device: it used to fail for every path).
 if ! (cd "$work" && "$mlacp" verify --single-device --case tiny-causal --json "$work/ok.json" >/dev/null 2>&1) \

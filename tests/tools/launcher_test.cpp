@@ -141,7 +141,13 @@ TEST(Launcher, FailingRankStopsTheOthersAndIsNamed) {
 }
 
 TEST(Launcher, RanksIgnoringSigtermAreKilledAfterGrace) {
-  const Launch run = run_sh(3, "if [ \"$RANK\" = 2 ]; then exit 3; fi; trap '' TERM; sleep 30", 500ms);
+  // Rank 2 fails only once the others ignore SIGTERM (else, on a loaded host, SIGTERM could reach
+  // them before their trap is set and they would die at once).
+  const Launch run = run_sh(3,
+                            "d=/tmp/mlacp-sigterm-$PPID; mkdir -p $d; "
+                            "if [ \"$RANK\" = 2 ]; then while [ ! -e $d/0 ] || [ ! -e $d/1 ]; do sleep 0.01; done; "
+                            "rm -rf $d; exit 3; fi; trap '' TERM; touch $d/$RANK; sleep 30",
+                            500ms);
   EXPECT_EQ(run.code, 3);
   EXPECT_GE(run.seconds, 0.45);
   EXPECT_LT(run.seconds, 10.0);
