@@ -98,11 +98,15 @@ std::string default_corpus_path() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
+    candidates.push_back(exe.parent_path().parent_path() / "share" / "mlacp" / "corpus");  // installed: bin/../share
     for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
       candidates.push_back(dir / "data" / "corpus");
-      if (candidates.size() >= 4 || dir == dir.root_path()) break;
+      if (candidates.size() >= 5 || dir == dir.root_path()) break;
     }
   }
+#ifdef MLACP_SOURCE_CORPUS_DIR
+  candidates.push_back(MLACP_SOURCE_CORPUS_DIR);  // the source tree this build was configured from
+#endif
   candidates.push_back(fs::current_path(ec) / "data" / "corpus");
   std::string looked;
   for (const auto& c : candidates) {
