@@ -539,7 +539,8 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   auto* model = cmd->add_option_group("model and data");
   model->add_option("--preset", args.preset, "decoder preset: small | test")->capture_default_str();
   model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset");
-  model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)");
+  model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)")
+      ->check(CLI::Range(1, 1024));
   model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)");
   auto* run = cmd->add_option_group("run");
   run->add_option("--dtype", args.dtype, "float64 | float32 | bfloat16 (float32 parameters, bf16 autocast)")->capture_default_str();

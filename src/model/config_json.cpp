@@ -2,6 +2,7 @@
 // extensions live under "mlacp". Unknown fields and contradictions are errors.
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -172,12 +173,19 @@ MlaConfig parse_config_json(const std::string& json_text) {
 }
 
 MlaConfig load_config_file(const std::string& path) {
-  std::ifstream in(path);
+  constexpr std::streamsize kMaxBytes = 4 << 20;  // a config.json is a few KB; never read without bound
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
   MLACP_REQUIRE(static_cast<bool>(in), kWhat, "cannot open file", {got("path", path)},
           "check the path, or use a preset (deepseek-v3, deepseek-v2-lite, tiny)");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_config_json(buffer.str());
+  MLACP_REQUIRE(std::filesystem::is_regular_file(path, ec), kWhat, "the config must be a regular file",
+                {got("path", path)}, "pass a config.json file, or use a preset (deepseek-v3, deepseek-v2-lite, tiny)");
+  std::string text(static_cast<size_t>(kMaxBytes) + 1, '\0');
+  in.read(text.data(), kMaxBytes + 1);
+  text.resize(static_cast<size_t>(in.gcount()));
+  MLACP_REQUIRE(static_cast<std::streamsize>(text.size()) <= kMaxBytes, kWhat, "the config file is larger than 4 MiB",
+                {got("path", path)}, "pass the model's config.json, not another file");
+  return parse_config_json(text);
 }
 
 std::string config_to_json(const MlaConfig& c, int indent) {

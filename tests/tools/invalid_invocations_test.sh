@@ -40,6 +40,9 @@ row "--seq" verify --nproc 2 --seq ''
 row "--causal" verify --nproc 2 --causal 2
 row "--batch" bench --nproc 2 --batch -1
 row "the --reference log holds no step" train --nproc 2 --steps 1 --reference "$work/empty.jsonl"
+row "the config must be a regular file" verify --nproc 2 --config /dev/zero
+row "--threads" --threads 100000 info --skip-gemm
+row "--layers" train --nproc 2 --layers 100000000 --steps 1
 left=$(find "$work" -mindepth 1 ! -name a_file ! -name empty.jsonl | wc -l)
 [ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
 # A valid --json is written (single device: it used to fail for every path).
