@@ -141,12 +141,17 @@ std::pair<at::Tensor, at::Tensor> MlaLayer::kv_up_rows(MlaAttentionImpl& m, int6
 
 std::pair<at::Tensor, at::Tensor> MlaLayer::assemble_key_value(const MlaAttentionImpl& m, const at::Tensor& projected,
                                                                const at::Tensor& key_rope) {
+  auto [key_nope, value] = split_key_value(m, projected);
+  return {assemble_key(key_nope, key_rope), value};  // [B, S, h, Dqk], [B, S, h, Dv]
+}
+
+std::pair<at::Tensor, at::Tensor> MlaLayer::split_key_value(const MlaAttentionImpl& m, const at::Tensor& projected) {
   const MlaConfig& c = m.config_;
   const int64_t head_width = c.qk_nope_head_dim + c.v_head_dim;
   const int64_t heads = projected.size(2) / head_width;
   at::Tensor kv = projected.view({projected.size(0), projected.size(1), heads, head_width});  // [B, S, h, Dn+Dv]
   std::vector<at::Tensor> parts = kv.split_with_sizes({c.qk_nope_head_dim, c.v_head_dim}, -1);
-  return {assemble_key(parts[0], key_rope), parts[1]};  // [B, S, h, Dqk], [B, S, h, Dv]
+  return {parts[0], parts[1]};
 }
 
 at::Tensor MlaLayer::assemble_key(const at::Tensor& key_nope, const at::Tensor& key_rope) {

@@ -46,6 +46,8 @@ struct MlaLayer {
   // value [B, S, h, Dv] (the rope lanes shared by every head).
   static std::pair<at::Tensor, at::Tensor> assemble_key_value(const MlaAttentionImpl& m, const at::Tensor& projected,
                                                               const at::Tensor& key_rope);
+  // projected [B, S, h*(Dn+Dv)] -> key_nope [B, S, h, Dn], value [B, S, h, Dv].
+  static std::pair<at::Tensor, at::Tensor> split_key_value(const MlaAttentionImpl& m, const at::Tensor& projected);
   // key_nope [B, S, h, Dn] and the rotated key rope [B, S, Dr] -> key [B, S, h, Dqk].
   static at::Tensor assemble_key(const at::Tensor& key_nope, const at::Tensor& key_rope);
   // kv_latent [B, S, Rkv], rotated key rope [B, S, Dr], heads [head_begin, head_end) -> key, value.

@@ -57,7 +57,6 @@ at::Tensor ExpandedUlyssesSchedule::plain(const ScheduleContext& ctx, const Loca
 
 at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const LocalStep& step) {
   MlaAttentionImpl& m = ctx.module;
-  const MlaConfig& c = m.config();
   const CommGroup& ulysses = ctx.groups.ulysses;
   Timeline* tl = ctx.groups.instruments.timeline.get();
   const int64_t heads = m.local_heads();
@@ -74,9 +73,8 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
         "kv_b_proj", std::vector<at::Tensor>{step.latents.kv_latent}, MlaLayer::kv_parameters(m),
         [&](const std::vector<at::Tensor>& x) {
           auto [weight, bias] = MlaLayer::kv_up_rows(m, 0, heads);
-          at::Tensor kv = at::linear(x[0], weight, bias);
-          kv = kv.view({kv.size(0), kv.size(1), heads, c.qk_nope_head_dim + c.v_head_dim});  // [B,S_l,H,Dn+Dv]
-          return kv.split_with_sizes({c.qk_nope_head_dim, c.v_head_dim}, -1);  // key_nope, value
+          auto [key_nope, value] = MlaLayer::split_key_value(m, at::linear(x[0], weight, bias));  // [B,S_l,H,*]
+          return std::vector<at::Tensor>{key_nope, value};
         });
   }
   const at::Tensor &key_nope = kv_stage->output(0), &value = kv_stage->output(1);
@@ -92,13 +90,7 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
   AsyncHandle k_exchange = launch(key, Transfer::k);  // K flies under Q
   query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
   AsyncHandle q_exchange = launch(query_stage->output(0), Transfer::q);
-  if (gate_) {  // Q flies under the gate projection
-    ComputeSpan span(tl, "gate_proj");
-    gate_stage = std::make_shared<Stage>("gate_proj", std::vector<at::Tensor>{step.hidden}, MlaLayer::gate_parameters(m),
-                                         [&m](const std::vector<at::Tensor>& x) {
-                                           return std::vector<at::Tensor>{MlaLayer::gate(m, x[0])};  // [B,S_l,H*Dv]
-                                         });
-  }
+  if (gate_) gate_stage = mlacp::gate_stage(ctx, step);  // Q flies under the gate projection [B,S_l,H*Dv]
   std::vector<at::Tensor> outputs;
   {
     at::NoGradGuard no_grad;

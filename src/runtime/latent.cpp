@@ -136,8 +136,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     at::NoGradGuard no_grad;
     gather = launch_all_gather_seq(cp, payload->output(0).detach(), transfer_name(Transfer::latent));
   }
-  std::shared_ptr<Stage> query_stage;
-  query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
+  const std::shared_ptr<Stage> query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
   const at::Tensor& query = query_stage->output(0);
   at::Tensor gathered;  // [B,S,Rkv+Dr]
   AsyncHandle q_exchange;

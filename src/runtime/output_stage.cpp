@@ -48,14 +48,11 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const LocalStep& step, 
     restored = flatten_restored(
         ctx, launch_head_to_seq(ulysses, attention.detach(), transfer_name(Transfer::o)).wait_one(), step);
   }
-  Stage gate_stage;
+  std::shared_ptr<Stage> gate_stage;  // the gate, when the schedule did not compute it
   at::Tensor gate = given_gate;
   if (m.config().output_gate && !gate.defined()) {
-    ComputeSpan span(tl, "gate_proj");
-    gate_stage = Stage("gate_proj", {step.hidden}, MlaLayer::gate_parameters(m), [&m](const std::vector<at::Tensor>& x) {
-      return std::vector<at::Tensor>{MlaLayer::gate(m, x[0])};  // [B,S_l,H*Dv]
-    });
-    gate = gate_stage.output(0);
+    gate_stage = mlacp::gate_stage(ctx, step);
+    gate = gate_stage->output(0);
   }
   at::Tensor weight = m.o_proj->weight, bias = tp ? at::Tensor() : m.o_proj->bias;
   at::Tensor projected, y;  // [B,S_l,H*Dv], [B,S_l,d]
@@ -67,11 +64,11 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const LocalStep& step, 
   }
 
   // --- the node: inputs attention, weight, [bias], [gate | gate_proj's inputs] ---
-  const bool has_bias = bias.defined(), has_gate = gate.defined(), own_gate = gate_stage.requires_grad();
+  const bool has_bias = bias.defined(), has_gate = gate.defined(), own_gate = gate_stage && gate_stage->requires_grad();
   std::vector<at::Tensor> inputs{attention, weight};
   if (has_bias) inputs.push_back(bias);
   if (has_gate && !own_gate) inputs.push_back(gate);
-  if (own_gate) append(inputs, gate_stage.inputs());
+  if (own_gate) append(inputs, gate_stage->inputs());
   const bool needs_attention = attention.requires_grad(), needs_weight = weight.requires_grad();
   const bool needs_bias = has_bias && bias.requires_grad(), needs_gate = has_gate && gate.requires_grad();
   const SavedForBackward saved({restored, has_gate ? gate.detach() : at::Tensor(), weight.detach(), projected},
@@ -79,7 +76,6 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const LocalStep& step, 
   const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture();
   const int64_t heads = ctx.plan.local_heads(), dv = ctx.plan.dims().value_dim;
   const std::vector<int64_t> attention_shape = attention.sizes().vec();
-  auto stage = std::make_shared<Stage>(std::move(gate_stage));
   BackwardFn backward = [=](std::vector<at::Tensor> g) -> std::vector<at::Tensor> {
     saved.check(kWhat);
     const auto autocast_guard = autocast.enter();
@@ -103,7 +99,7 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const LocalStep& step, 
     }
     if (needs_bias) d_bias = d_y.sum(0).to(weight_s.scalar_type());
     std::vector<at::Tensor> gate_grads;  // 5. gate_proj backward
-    if (own_gate) gate_grads = stage->backprop({d_gate});
+    if (own_gate) gate_grads = gate_stage->backprop({d_gate});
     at::Tensor d_attention;
     if (needs_attention) d_attention = d_o.wait_one().view(attention_shape);  // 6. wait dO
     std::vector<at::Tensor> out{d_attention, d_weight};

@@ -35,6 +35,15 @@ std::shared_ptr<Stage> query_stage(const ScheduleContext& ctx, const LocalStep& 
                                  });
 }
 
+std::shared_ptr<Stage> gate_stage(const ScheduleContext& ctx, const LocalStep& step) {
+  ComputeSpan span(ctx.groups.instruments.timeline.get(), "gate_proj");
+  MlaAttentionImpl& m = ctx.module;
+  return std::make_shared<Stage>("gate_proj", std::vector<at::Tensor>{step.hidden}, MlaLayer::gate_parameters(m),
+                                 [&m](const std::vector<at::Tensor>& x) {
+                                   return std::vector<at::Tensor>{MlaLayer::gate(m, x[0])};
+                                 });
+}
+
 LocalQkv expand_local_qkv(const ScheduleContext& ctx, const LocalStep& step) {
   MlaAttentionImpl& m = ctx.module;
   Timeline* tl = ctx.groups.instruments.timeline.get();

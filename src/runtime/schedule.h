@@ -55,6 +55,8 @@ std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& c
 // q_b_proj+RoPE of this rank's tokens [B,S_l,H,Dqk] as a Stage (the overlapped forms), span
 // "q_b_proj_rope".
 std::shared_ptr<Stage> query_stage(const ScheduleContext& ctx, const LocalStep& step);
+// sigmoid(o_gate_proj(hidden)) [B,S_l,H*Dv] as a Stage, span "gate_proj".
+std::shared_ptr<Stage> gate_stage(const ScheduleContext& ctx, const LocalStep& step);
 // The expanded strategy's local Q, K, V for all of this rank's heads [B,S_l,H,*] (the plain
 // forms; spans "q_b_proj_rope", "kv_b_proj").
 struct LocalQkv {
