@@ -29,6 +29,7 @@ set(MLACP_PUBLIC_HEADERS
   errors.h=core
   plan.h=plan
   comm.h=comm
+  c10d_groups.h=comm
   config.h=model
   attention.h=model
   runtime.h=runtime)

@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
-# Configures and builds mlacp into build/ (Release, ccache). Usage: scripts/build.sh [targets...]
+# Configures and builds mlacp (Release, ccache). Usage: scripts/build.sh [targets...]
+#   MLACP_LIBTORCH=debian (default): Debian's LibTorch 1.13, into build/
+#   MLACP_LIBTORCH=wheel: the LibTorch inside the PyTorch 2.x wheel of .venv (scripts/setup-python.sh),
+#                         into build-torch2/, with the Python extension mlacp._C
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${MLACP_BUILD_DIR:-$root/build}"
+libtorch="${MLACP_LIBTORCH:-debian}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
-export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"   # cache hits across clones (CI builds a fresh one)
 jobs="${MLACP_BUILD_JOBS:-$(nproc)}"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+case "$libtorch" in
+  debian)
+    build="${MLACP_BUILD_DIR:-$root/build}"
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null ;;
+  wheel)
+    build="${MLACP_BUILD_DIR:-$root/build-torch2}"
+    python="${MLACP_VENV:-$root/.venv}/bin/python"
+    torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+    # No GPU to detect here: name the CUDA architecture so the wheel's CMake config does not probe.
+    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+      -DMLACP_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$python" \
+      -DCMAKE_PREFIX_PATH="$torch_dir;$torch_dir/share/cmake" >/dev/null ;;
+  *) echo "scripts/build.sh: MLACP_LIBTORCH must be debian or wheel (got '$libtorch')" >&2; exit 2 ;;
+esac
 if (($# > 0)); then
   targets=(); for t in "$@"; do targets+=(--target "$t"); done
   cmake --build "$build" -j "$jobs" "${targets[@]}"

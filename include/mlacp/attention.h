@@ -4,9 +4,11 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -31,6 +33,10 @@ struct MlaForwardOptions {
   double dropout = 0.0;                               // must be 0 in training
   bool use_cache = false;                             // KV cache: not supported, rejected
   bool output_attentions = false;                     // attention weights: not supported, rejected
+  // The rotary embedding of the tokens as HuggingFace's rotary module returns it: (cos, sin), each
+  // [B|1, S, Dr] = cat(freqs, freqs) with any magnitude applied. When given it replaces the
+  // config's rope (theta, YaRN): the caller's rope type and precision are used as they are.
+  std::optional<std::pair<at::Tensor, at::Tensor>> position_embeddings;
 };
 
 // The three normalised local latents of docs/DESIGN.md §4 (BSR layout).
@@ -47,16 +53,18 @@ struct ResolvedForward {
   at::Tensor local_tokens;    // [S_l] int64: global token index of each local row
   bool causal = true;
   at::Tensor rope_positions;  // [B, S_l] int64 (document-relative when packed)
+  at::Tensor rope_cos, rope_sin;  // [B|1, S_l, Dr/2] from position_embeddings, or undefined
   at::Tensor document_ends;   // [n_docs] int64 global exclusive ends, or undefined
   at::Tensor mask;            // bool [B|1, 1, S, S], or undefined
 };
 
 class RmsNormImpl : public torch::nn::Module {
  public:
-  RmsNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
+  RmsNormImpl(int64_t dim, double eps, const at::TensorOptions& options, bool always_float32 = false);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
+  bool always_float32;  // MlaConfig::rms_norm_float32
 };
 TORCH_MODULE(RmsNorm);
 
@@ -86,6 +94,13 @@ class MlaAttentionImpl : public torch::nn::Module {
   // (added after the TP sum of the row-parallel o_proj, so every TP rank already holds its whole
   // gradient). Every other parameter holds a partial gradient per TP rank.
   static bool skips_tp_reduction(const std::string& name);
+
+  // Uses the given tensors as this module's parameters, by the names of named_parameters(): the
+  // same tensor objects, no copy, so gradients accumulate where the caller holds them (e.g. the
+  // nn.Parameters of a HuggingFace attention module). Every parameter must be given, with its
+  // shape and one dtype and device for all; a name the module does not have is an error.
+  // Call before parallelize().
+  void adopt_parameters(const std::map<std::string, at::Tensor>& tensors);
 
   const MlaConfig& config() const { return config_; }
   // The kernel of the single-device path: blockwise (the fast one) unless set; `reference` (the

@@ -40,6 +40,10 @@ struct MlaConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   double rms_norm_eps = 1e-6;
+  // How the q/kv latent norms compute: false (DeepSeek's reference) in at least float32, a
+  // float64 input staying float64; true (HuggingFace's DeepseekV3RMSNorm, set for modules
+  // adopted from transformers) always in float32, scaled by the weight in the input's dtype.
+  bool rms_norm_float32 = false;
   double rope_theta = 10000.0;
   RopeLayout rope_layout = RopeLayout::half_split;
   std::optional<YarnScaling> yarn;

@@ -24,6 +24,17 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+// The backend of a process group for one device type (1.13: the group is its own backend).
+inline c10::intrusive_ptr<C10dBackend> backend_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                                  c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return group->getBackend(device);
+#else
+  (void)device;
+  return group;
+#endif
+}
+
 struct CommGroup::Impl {
   c10::intrusive_ptr<C10dBackend> backend;  // null for a group of size 1
   int64_t rank = 0;

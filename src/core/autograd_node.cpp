@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <string>
 
+#include "core/compat.h"
 #include "mlacp/errors.h"
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -58,8 +59,7 @@ std::vector<at::Tensor> attach_backward(const std::vector<at::Tensor>& inputs, s
   if (!any || !at::GradMode::is_enabled()) return outputs;
   std::vector<LambdaBackward::OutputMeta> metas;
   for (const auto& out : outputs) metas.push_back({out.sizes().vec(), out.options()});
-  auto node = std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward), std::move(metas)),
-                                              torch::autograd::deleteNode);
+  auto node = compat::make_node<LambdaBackward>(name, std::move(backward), std::move(metas));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(outputs, node);
   return outputs;

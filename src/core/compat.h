@@ -2,9 +2,14 @@
 // Everything else calls these helpers.
 #pragma once
 
+#include <cstring>
 #include <memory>
+#include <utility>
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
+#include <c10/macros/Export.h>
+#include <c10/util/intrusive_ptr.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/version.h>
@@ -16,6 +21,44 @@ namespace mlacp::compat {
 #else
 #define MLACP_TORCH_DEVICE_AUTOCAST 0
 #endif
+#if TORCH_VERSION_MAJOR >= 2
+#define MLACP_TORCH_2 1
+#else
+#define MLACP_TORCH_2 0
+#endif
+
+// c10::Allocator: 2.x made allocate() non-const and copy_data() pure virtual. Derive from this
+// and implement allocate_bytes().
+class AllocatorBase : public c10::Allocator {
+ public:
+  virtual c10::DataPtr allocate_bytes(size_t n) = 0;
+#if MLACP_TORCH_2
+  c10::DataPtr allocate(size_t n) override { return allocate_bytes(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return const_cast<AllocatorBase*>(this)->allocate_bytes(n); }
+#endif
+};
+
+// A hand-written autograd node, owned as the LibTorch at hand owns its own: 1.13 holds nodes in
+// std::shared_ptr and deletes long graphs iteratively through torch::autograd::deleteNode; 2.x
+// nodes are intrusive (c10::intrusive_ptr). Both convert to what set_history() takes.
+#if !MLACP_TORCH_2
+}  // namespace mlacp::compat
+namespace torch::autograd {
+struct Node;
+TORCH_API void deleteNode(Node* function);
+}  // namespace torch::autograd
+namespace mlacp::compat {
+#endif
+template <typename NodeT, typename... Args>
+auto make_node(Args&&... args) {
+#if MLACP_TORCH_2
+  return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+#else
+  return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...), torch::autograd::deleteNode);
+#endif
+}
 
 inline bool autocast_enabled(c10::DeviceType device) {
 #if MLACP_TORCH_DEVICE_AUTOCAST

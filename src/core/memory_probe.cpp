@@ -7,16 +7,17 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "core/compat.h"
 #include "mlacp/errors.h"
 
 namespace mlacp {
 namespace {
 
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public compat::AllocatorBase {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate_bytes(size_t n) override {
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero bytes: nothing to count

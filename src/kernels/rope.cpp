@@ -40,22 +40,23 @@ RopeFrequencies make_rope_frequencies(const RopeSettings& settings) {
   return rope;
 }
 
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeFrequencies& rope) {
-  const int64_t dim = x.size(-1);
-  const int64_t half = dim / 2;
-  // [B, S, Dr/2] angles in float64, then broadcast over x's middle dims.
+RopeTable make_rope_table(const at::Tensor& positions, const RopeFrequencies& rope) {
+  // [B, S, Dr/2] angles in float64.
   at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * rope.inv_freq.to(positions.device());
-  at::Tensor cos = (angles.cos() * rope.magnitude).to(x.scalar_type());
-  at::Tensor sin = (angles.sin() * rope.magnitude).to(x.scalar_type());
-  std::vector<int64_t> view_shape(x.dim(), 1);
-  view_shape[0] = cos.size(0);
-  view_shape[1] = cos.size(1);
-  view_shape.back() = half;
-  cos = cos.view(view_shape);
-  sin = sin.view(view_shape);
+  return {angles.cos() * rope.magnitude, angles.sin() * rope.magnitude, rope.lanes};
+}
 
+at::Tensor apply_rope(const at::Tensor& x, const RopeTable& table) {
+  const int64_t half = x.size(-1) / 2;
+  // Broadcast [B|1, S, Dr/2] over x's middle dims.
+  std::vector<int64_t> view_shape(x.dim(), 1);
+  view_shape[0] = table.cos.size(0);
+  view_shape[1] = table.cos.size(1);
+  view_shape.back() = half;
+  at::Tensor cos = table.cos.to(x.scalar_type()).view(view_shape);
+  at::Tensor sin = table.sin.to(x.scalar_type()).view(view_shape);
   at::Tensor lanes = x;
-  if (rope.lanes == RopeLanes::interleaved) {
+  if (table.lanes == RopeLanes::interleaved) {
     // [..., Dr] -> [..., Dr/2, 2] -> [..., 2, Dr/2] -> [..., Dr]: evens first, then odds.
     std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end());
     pairs.back() = half;
@@ -65,6 +66,10 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
   at::Tensor x1 = lanes.narrow(-1, 0, half);
   at::Tensor x2 = lanes.narrow(-1, half, half);
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeFrequencies& rope) {
+  return apply_rope(x, make_rope_table(positions, rope));
 }
 
 }  // namespace mlacp

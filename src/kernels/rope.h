@@ -43,6 +43,19 @@ struct RopeFrequencies {
 
 RopeFrequencies make_rope_frequencies(const RopeSettings& settings);
 
+// The rotation of each token: cos and sin of its angles, magnitude applied, [B|1, S, Dr/2].
+// Computed once per forward from positions, or given by the caller (HuggingFace's
+// position_embeddings: its own rope, whatever its type, at its own precision).
+struct RopeTable {
+  at::Tensor cos;
+  at::Tensor sin;
+  RopeLanes lanes = RopeLanes::half_split;
+};
+// positions [B, S] int64 -> the table in float64.
+RopeTable make_rope_table(const at::Tensor& positions, const RopeFrequencies& rope);
+// x: [B, S, ..., Dr]; returns the rotated x in x's dtype (the table is cast to it).
+at::Tensor apply_rope(const at::Tensor& x, const RopeTable& table);
+
 // x: [B, S, ..., Dr] (any number of middle dims, e.g. heads); positions: [B, S] int64.
 // Returns the rotated x in x's dtype. Interleaved layout de-interleaves lanes first (DeepSeek
 // rope_interleave), so its output lanes are in half-split order, for q and k alike.

@@ -15,7 +15,7 @@ bool MlaConfig::operator==(const MlaConfig& o) const {
   return hidden_size == o.hidden_size && num_heads == o.num_heads && q_lora_rank == o.q_lora_rank &&
          kv_lora_rank == o.kv_lora_rank && qk_nope_head_dim == o.qk_nope_head_dim &&
          qk_rope_head_dim == o.qk_rope_head_dim && v_head_dim == o.v_head_dim &&
-         rms_norm_eps == o.rms_norm_eps && rope_theta == o.rope_theta && rope_layout == o.rope_layout &&
+         rms_norm_eps == o.rms_norm_eps && rms_norm_float32 == o.rms_norm_float32 && rope_theta == o.rope_theta && rope_layout == o.rope_layout &&
          yarn == o.yarn && max_position_embeddings == o.max_position_embeddings &&
          attention_bias == o.attention_bias && up_proj_bias == o.up_proj_bias &&
          output_gate == o.output_gate && causal == o.causal && attention_dropout == o.attention_dropout &&

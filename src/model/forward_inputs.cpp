@@ -1,6 +1,7 @@
 #include "model/forward_inputs.h"
 
 #include <cmath>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -85,6 +86,29 @@ at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, co
             {got("document_ends", *ends)}, "pass only document_ends (positions restart per document)");
   }
   return positions;
+}
+
+// HuggingFace position_embeddings (cos, sin) [B|1, S_l, Dr] = cat(freqs, freqs) -> the first
+// halves [B|1, S_l, Dr/2] (the per-pair rotation).
+std::pair<at::Tensor, at::Tensor> resolve_position_embeddings(const MlaConfig& config,
+                                                              const std::pair<at::Tensor, at::Tensor>& table,
+                                                              const at::Tensor& hidden) {
+  const int64_t batch = hidden.size(0), seq = hidden.size(1), dr = config.qk_rope_head_dim;
+  const std::pair<const at::Tensor*, const char*> parts[] = {{&table.first, "cos"}, {&table.second, "sin"}};
+  for (const auto& [t, name] : parts) {
+    MLACP_REQUIRE(t->defined() && t->dim() == 3 && (t->size(0) == batch || t->size(0) == 1) && t->size(1) == seq &&
+                      t->size(2) == dr,
+                  kWhat, std::string("position_embeddings ") + name + " must be [B|1, S, qk_rope_head_dim]",
+                  {got("shape", t->defined() ? shape_text(*t) : std::string("undefined")), got("B", batch),
+                   got("S", seq), got("qk_rope_head_dim", dr)},
+                  "pass the (cos, sin) of the model's rotary embedding for this rank's tokens");
+    MLACP_REQUIRE(at::isFloatingType(t->scalar_type()) && !t->requires_grad() && t->device() == hidden.device(),
+                  kWhat, "position_embeddings must be constant floating-point tensors on the hidden states' device",
+                  {got("dtype", dtype_name(t->scalar_type())), got("requires_grad", t->requires_grad()),
+                   got("device", t->device())},
+                  "compute them under no_grad on the same device");
+  }
+  return {table.first.narrow(-1, 0, dr / 2), table.second.narrow(-1, 0, dr / 2)};
 }
 
 }  // namespace
@@ -179,6 +203,9 @@ ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor
   r.local_tokens = at::tensor(local_tokens, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
   r.mask = resolve_mask(o.attention_mask, hidden, seq, ends.has_value());
   r.rope_positions = resolve_positions(o.position_ids, hidden, ends ? &*ends : nullptr, r.local_tokens);
+  if (o.position_embeddings) {
+    std::tie(r.rope_cos, r.rope_sin) = resolve_position_embeddings(config, *o.position_embeddings, hidden);
+  }
   return r;
 }
 

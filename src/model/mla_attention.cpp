@@ -13,13 +13,19 @@
 namespace mlacp {
 
 // ---------------------------------------------------------------------------------------------
-RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, const at::TensorOptions& options) : eps(eps_) {
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, const at::TensorOptions& options, bool always_float32_)
+    : eps(eps_), always_float32(always_float32_) {
   weight = register_parameter("weight", at::ones({dim}, options));
 }
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
   // Normalise in at least float32 (DeepSeek's rule); the result keeps the input's dtype, so
   // under autocast all three latents share one dtype.
+  if (always_float32) {  // HuggingFace's order of operations, for bit-level parity with it
+    at::Tensor xc = x.to(at::kFloat);
+    at::Tensor normalised = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return (weight * normalised.to(x.scalar_type())).to(x.scalar_type());
+  }
   const auto compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor xc = x.to(compute);
   at::Tensor normalised = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -48,14 +54,14 @@ MlaAttentionImpl::MlaAttentionImpl(const MlaConfig& config, const at::TensorOpti
   const int64_t h = local_heads_;
   if (c.q_lora_rank) {
     q_a_proj = register_module("q_a_proj", make_linear(c.hidden_size, *c.q_lora_rank, c.attention_bias));
-    q_a_layernorm = register_module("q_a_layernorm", RmsNorm(*c.q_lora_rank, c.rms_norm_eps, options));
+    q_a_layernorm = register_module("q_a_layernorm", RmsNorm(*c.q_lora_rank, c.rms_norm_eps, options, c.rms_norm_float32));
     q_b_proj = register_module("q_b_proj", make_linear(*c.q_lora_rank, h * c.qk_head_dim(), c.up_proj_bias));
   } else {
     q_proj = register_module("q_proj", make_linear(c.hidden_size, h * c.qk_head_dim(), c.attention_bias));
   }
   kv_a_proj_with_mqa = register_module(
       "kv_a_proj_with_mqa", make_linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias));
-  kv_a_layernorm = register_module("kv_a_layernorm", RmsNorm(c.kv_lora_rank, c.rms_norm_eps, options));
+  kv_a_layernorm = register_module("kv_a_layernorm", RmsNorm(c.kv_lora_rank, c.rms_norm_eps, options, c.rms_norm_float32));
   kv_b_proj = register_module(
       "kv_b_proj", make_linear(c.kv_lora_rank, h * (c.qk_nope_head_dim + c.v_head_dim), c.up_proj_bias));
   if (c.output_gate) {
@@ -64,6 +70,75 @@ MlaAttentionImpl::MlaAttentionImpl(const MlaConfig& config, const at::TensorOpti
   o_proj = register_module("o_proj", make_linear(h * c.v_head_dim, c.hidden_size, c.attention_bias));
   to(options.device(), options.dtype().toScalarType());
   rope_ = std::make_shared<RopeState>(RopeState{make_rope_frequencies(rope_settings(c))});
+}
+
+namespace {
+
+// A module's own registry of parameters (torch::nn::Module::parameters_, protected): replacing a
+// registered tensor by another object has no public LibTorch call, so it is reached here, once.
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "" : ",") + k;
+  return out;
+}
+
+struct ParameterRegistry : torch::nn::Module {
+  static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& module) {
+    return module.*(&ParameterRegistry::parameters_);
+  }
+};
+
+}  // namespace
+
+void MlaAttentionImpl::adopt_parameters(const std::map<std::string, at::Tensor>& tensors) {
+  constexpr const char* what = "adopt parameters";
+  MLACP_REQUIRE(!is_parallel(), what, "parameters must be adopted before CP is installed",
+                {got("installed", parallel_description())}, "adopt first, then call parallelize()");
+  const auto own = named_parameters(/*recurse=*/true);
+  for (const auto& [name, tensor] : tensors) {
+    MLACP_REQUIRE(own.contains(name), what, "every given tensor must name a parameter of the module",
+                  {got("name", name), got("parameters", join_keys(own.keys()))},
+                  "check the config (q_lora_rank, attention_bias) matches the module the tensors come from");
+  }
+  const at::Tensor* first = nullptr;
+  for (const auto& item : own) {
+    auto it = tensors.find(item.key());
+    MLACP_REQUIRE(it != tensors.end() && it->second.defined(), what, "every parameter of the module must be given",
+                  {got("missing", item.key())}, "pass all of named_parameters()");
+    const at::Tensor& t = it->second;
+    MLACP_REQUIRE(t.sizes() == item.value().sizes(), what, "a given tensor must have the parameter's shape",
+                  {got("name", item.key()), got("shape", shape_text(t)), got("expected", shape_text(item.value()))},
+                  "check the config matches the module the tensors come from");
+    if (!first) first = &t;
+    MLACP_REQUIRE(t.scalar_type() == first->scalar_type() && t.device() == first->device(), what,
+                  "all parameters must share one dtype and device",
+                  {got("name", item.key()), got("dtype", dtype_name(t.scalar_type())),
+                   got("first_dtype", dtype_name(first->scalar_type())), got("device", t.device()),
+                   got("first_device", first->device())},
+                  "move the whole module with .to() first");
+  }
+  for (auto& child : named_children()) {
+    auto& registry = ParameterRegistry::of(*child.value());
+    for (auto& entry : registry) {
+      if (!entry.value().defined()) continue;
+      entry.value() = tensors.at(child.key() + "." + entry.key());
+    }
+  }
+  const auto& sub = tensors;
+  auto linear = [&](torch::nn::Linear& l, const std::string& name) {
+    if (!l) return;
+    l->weight = sub.at(name + ".weight");
+    if (l->bias.defined()) l->bias = sub.at(name + ".bias");
+  };
+  linear(q_a_proj, "q_a_proj");
+  linear(q_b_proj, "q_b_proj");
+  linear(q_proj, "q_proj");
+  linear(kv_a_proj_with_mqa, "kv_a_proj_with_mqa");
+  linear(kv_b_proj, "kv_b_proj");
+  linear(o_proj, "o_proj");
+  linear(o_gate_proj, "o_gate_proj");
+  if (q_a_layernorm) q_a_layernorm->weight = sub.at("q_a_layernorm.weight");
+  kv_a_layernorm->weight = sub.at("kv_a_layernorm.weight");
 }
 
 torch::nn::Linear& MlaAttentionImpl::query_up_projection() { return config_.q_lora_rank ? q_b_proj : q_proj; }
@@ -98,12 +173,21 @@ LocalLatents MlaLayer::compute_latents(MlaAttentionImpl& m, const at::Tensor& hi
   return latents;
 }
 
-at::Tensor MlaLayer::expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const at::Tensor& rope_positions) {
+RopeTable MlaLayer::rope_table(const MlaAttentionImpl& m, const ResolvedForward& r) {
+  if (r.rope_cos.defined()) return {r.rope_cos, r.rope_sin, m.rope_->frequencies.lanes};
+  return rope_table(m, r.rope_positions);
+}
+
+RopeTable MlaLayer::rope_table(const MlaAttentionImpl& m, const at::Tensor& positions) {
+  return make_rope_table(positions, m.rope_->frequencies);
+}
+
+at::Tensor MlaLayer::expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const RopeTable& rope) {
   const MlaConfig& c = m.config_;
   at::Tensor q = m.query_up_projection()(query_latent);  // [B, S, H*Dqk]
   q = q.view({q.size(0), q.size(1), m.local_heads_, c.qk_head_dim()});  // [B, S, H, Dqk]
   std::vector<at::Tensor> parts = q.split_with_sizes({c.qk_nope_head_dim, c.qk_rope_head_dim}, -1);
-  at::Tensor q_pe = apply_rope(parts[1], rope_positions, m.rope_->frequencies);
+  at::Tensor q_pe = apply_rope(parts[1], rope);
   return at::cat({parts[0], q_pe}, -1);  // [B, S, H, Dqk]
 }
 
@@ -120,9 +204,8 @@ std::vector<at::Tensor> MlaLayer::query_parameters(MlaAttentionImpl& m) {
   return params;
 }
 
-at::Tensor MlaLayer::rotate_key(const MlaAttentionImpl& m, const at::Tensor& key_rope_raw,
-                                const at::Tensor& rope_positions) {
-  return apply_rope(key_rope_raw, rope_positions, m.rope_->frequencies);  // [B, S, Dr]
+at::Tensor MlaLayer::rotate_key(const at::Tensor& key_rope_raw, const RopeTable& rope) {
+  return apply_rope(key_rope_raw, rope);  // [B, S, Dr]
 }
 
 std::pair<at::Tensor, at::Tensor> MlaLayer::kv_up_rows(MlaAttentionImpl& m, int64_t head_begin, int64_t head_end) {
@@ -215,8 +298,9 @@ at::Tensor MlaLayer::single_device_core(MlaAttentionImpl& m, const LocalLatents&
                  got("seq_len", r.seq_len)},
                 "resolve and compute the latents from the same hidden states");
   const MlaConfig& c = m.config_;
-  at::Tensor query = expand_query(m, latents.query_latent, r.rope_positions);      // [B, S, H, Dqk]
-  at::Tensor key_rope = rotate_key(m, latents.key_rope_raw, r.rope_positions);    // [B, S, Dr]
+  const RopeTable rope = rope_table(m, r);
+  at::Tensor query = expand_query(m, latents.query_latent, rope);  // [B, S, H, Dqk]
+  at::Tensor key_rope = rotate_key(latents.key_rope_raw, rope);    // [B, S, Dr]
   auto [key, value] = expand_key_value(m, latents.kv_latent, key_rope, 0, m.local_heads_);
   AttentionStructure structure;
   structure.causal = r.causal;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/rope.h"
 #include "mlacp/attention.h"
 
 namespace mlacp {
@@ -31,12 +32,15 @@ struct MlaLayer {
   static ResolvedForward resolve(const MlaAttentionImpl& m, const at::Tensor& hidden, const MlaForwardOptions& options);
   static LocalLatents compute_latents(MlaAttentionImpl& m, const at::Tensor& hidden);
   // [B, S, Rq|d] -> [B, S, H, Dqk], RoPE applied to the last Dr lanes
-  static at::Tensor expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const at::Tensor& rope_positions);
+  static at::Tensor expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const RopeTable& rope);
+  // The rotation of the resolved tokens: the caller's position_embeddings, or the config's rope
+  // at the resolved positions. Computed once per forward, used for queries and keys.
+  static RopeTable rope_table(const MlaAttentionImpl& m, const ResolvedForward& r);
+  static RopeTable rope_table(const MlaAttentionImpl& m, const at::Tensor& positions);  // [B, S] int64
   // The parameters expand_query reads (q_b_proj or q_proj: weight, bias if any).
   static std::vector<at::Tensor> query_parameters(MlaAttentionImpl& m);
   // [B, S, Dr] -> [B, S, Dr] rotated (one key head shared by all heads)
-  static at::Tensor rotate_key(const MlaAttentionImpl& m, const at::Tensor& key_rope_raw,
-                               const at::Tensor& rope_positions);
+  static at::Tensor rotate_key(const at::Tensor& key_rope_raw, const RopeTable& rope);
   // kv_b_proj's rows of heads [head_begin, head_end) (weight, bias: views of the parameters, so
   // their gradient lands in those rows only).
   static std::pair<at::Tensor, at::Tensor> kv_up_rows(MlaAttentionImpl& m, int64_t head_begin, int64_t head_end);

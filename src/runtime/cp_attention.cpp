@@ -58,8 +58,8 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   LocalStep step;
   step.hidden = copy_to_tp(groups_.tp, hidden);
   step.latents = MlaLayer::compute_latents(m, step.hidden);
-  step.rope_positions = r.rope_positions;
-  step.key_rope = MlaLayer::rotate_key(m, step.latents.key_rope_raw, r.rope_positions);  // [B,S_l,Dr]
+  step.rope = MlaLayer::rope_table(m, r);
+  step.key_rope = MlaLayer::rotate_key(step.latents.key_rope_raw, step.rope);  // [B,S_l,Dr]
   step.structure = attention_rows(plan_, groups_.cp_rank, seq_len, r, hidden.device());
   step.batch = batch;
   step.local_len = local_len;

@@ -102,7 +102,7 @@ at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& st
   at::Tensor query;
   {
     ComputeSpan span(tl, "q_b_proj_rope");
-    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
+    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);  // [B,S_l,H,Dqk]
   }
   at::Tensor q_heads = seq_to_head(ctx.groups.ulysses, {query}, Transfer::q)[0];        // [B,U*S_l,Hc,Dqk]
   at::Tensor gathered = all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),

@@ -31,7 +31,7 @@ std::shared_ptr<Stage> query_stage(const ScheduleContext& ctx, const LocalStep& 
   MlaAttentionImpl& m = ctx.module;
   return std::make_shared<Stage>("q_b_proj_rope", std::vector<at::Tensor>{step.latents.query_latent},
                                  MlaLayer::query_parameters(m), [&](const std::vector<at::Tensor>& x) {
-                                   return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope_positions)};
+                                   return std::vector<at::Tensor>{MlaLayer::expand_query(m, x[0], step.rope)};
                                  });
 }
 
@@ -50,7 +50,7 @@ LocalQkv expand_local_qkv(const ScheduleContext& ctx, const LocalStep& step) {
   LocalQkv qkv;
   {
     ComputeSpan span(tl, "q_b_proj_rope");
-    qkv.query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope_positions);  // [B,S_l,H,Dqk]
+    qkv.query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);  // [B,S_l,H,Dqk]
   }
   ComputeSpan span(tl, "kv_b_proj");
   std::tie(qkv.key, qkv.value) =

@@ -15,6 +15,7 @@
 
 #include "core/stage.h"
 #include "kernels/reference_attention.h"
+#include "kernels/rope.h"
 #include "mlacp/attention.h"
 #include "mlacp/comm.h"
 #include "mlacp/plan.h"
@@ -33,7 +34,7 @@ struct ScheduleContext {
 struct LocalStep {
   LocalLatents latents;       // [B,S_l,Rq|d], [B,S_l,Rkv], [B,S_l,Dr]
   at::Tensor hidden;          // [B,S_l,d] (after the TP entry): the gate reads it
-  at::Tensor rope_positions;  // [B,S_l]
+  RopeTable rope;  // the local tokens' rotation
   at::Tensor key_rope;        // [B,S_l,Dr] rotated
   AttentionStructure structure;  // query rows = this rank's Ulysses block's tokens, keys = all tokens
   int64_t batch = 0, local_len = 0;

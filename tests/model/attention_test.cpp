@@ -128,7 +128,7 @@ TEST(MlaAttention, HeadRangeGradientLandsOnlyInThoseRows) {
   CaseInputs in = make_case_inputs(c, at::kDouble);
   LocalLatents l = MlaLayer::compute_latents(*m, in.hidden);
   at::Tensor pos = at::arange(c.seq_len, at::kLong).unsqueeze(0).expand({c.batch, c.seq_len});
-  auto [key, value] = MlaLayer::expand_key_value(*m, l.kv_latent, MlaLayer::rotate_key(*m, l.key_rope_raw, pos), 1, 3);
+  auto [key, value] = MlaLayer::expand_key_value(*m, l.kv_latent, MlaLayer::rotate_key(l.key_rope_raw, MlaLayer::rope_table(*m, pos)), 1, 3);
   (key.sum() + value.sum()).backward();
   const int64_t width = c.config.qk_nope_head_dim + c.config.v_head_dim;
   at::Tensor g = m->kv_b_proj->weight.grad();

@@ -1,0 +1,121 @@
+// mlacp._C: the Python binding of the C++ library (built against the torch of the environment).
+// Tensors cross as torch tensors (the same objects: autograd runs through the C++ nodes);
+// process groups come from torch.distributed; mlacp::Error surfaces as mlacp.MlacpError with the
+// same "mlacp: ..." text.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/extension.h>
+
+#include "mlacp/attention.h"
+#include "mlacp/c10d_groups.h"
+#include "mlacp/config.h"
+#include "mlacp/errors.h"
+#include "mlacp/plan.h"
+#include "mlacp/runtime.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// One attention layer: the C++ module over the caller's parameter tensors, and its CP install.
+class Attention {
+ public:
+  Attention(const std::string& config_json, const std::map<std::string, at::Tensor>& parameters,
+            std::optional<double> rms_norm_eps, bool rms_norm_float32) {
+    mlacp::MlaConfig config = mlacp::parse_config_json(config_json);
+    if (rms_norm_eps) config.rms_norm_eps = *rms_norm_eps;
+    config.rms_norm_float32 = rms_norm_float32;
+    MLACP_REQUIRE(!parameters.empty(), "adopt parameters", "the layer's parameters must be given", {},
+                  "pass the attention module's named parameters");
+    const at::Tensor& any = parameters.begin()->second;
+    module_ = mlacp::MlaAttention(config, at::TensorOptions().dtype(any.scalar_type()).device(any.device()));
+    module_->adopt_parameters(parameters);
+  }
+
+  std::string parallelize(const ProcessGroupPtr& cp, int64_t ulysses, const ProcessGroupPtr& ulysses_group,
+                          const ProcessGroupPtr& all_gather_group, const std::string& strategy,
+                          const std::string& partition, bool overlap, const std::string& kernel,
+                          const std::string& device_type) {
+    mlacp::CpOptions options;
+    options.strategy = mlacp::parse_strategy(strategy);
+    options.partition = mlacp::parse_partition(partition);
+    options.overlap = overlap;
+    options.kernel = mlacp::parse_kernel(kernel);
+    const c10::DeviceType device = c10::Device(device_type).type();
+    groups_ = mlacp::parallel_groups_from_c10d(cp, ulysses, ulysses_group, all_gather_group, device);
+    py::gil_scoped_release release;
+    const mlacp::CpPlan plan = mlacp::parallelize(module_, groups_, options);
+    return plan.to_text();
+  }
+
+  at::Tensor forward(const at::Tensor& hidden, const std::optional<at::Tensor>& position_ids,
+                     const std::optional<std::vector<int64_t>>& document_ends,
+                     const std::optional<std::pair<at::Tensor, at::Tensor>>& position_embeddings,
+                     const std::optional<bool>& is_causal, bool training) {
+    mlacp::MlaForwardOptions options;
+    if (position_ids) options.position_ids = *position_ids;
+    options.document_ends = document_ends;
+    options.position_embeddings = position_embeddings;
+    options.is_causal = is_causal;
+    module_->train(training);
+    py::gil_scoped_release release;
+    return module_->forward(hidden, options);
+  }
+
+  std::string description() const { return module_->parallel_description(); }
+  double scaling() const { return module_->scaling(); }
+  std::string config_json() const { return mlacp::config_to_json(module_->config()); }
+
+ private:
+  mlacp::MlaAttention module_{nullptr};
+  mlacp::ParallelGroups groups_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "mlacp C++ core (see the mlacp package for the documented API)";
+  static py::exception<mlacp::Error> error(m, "MlacpError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const mlacp::Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+
+  py::class_<Attention>(m, "Attention")
+      .def(py::init<const std::string&, const std::map<std::string, at::Tensor>&, std::optional<double>, bool>(),
+           py::arg("config_json"), py::arg("parameters"), py::arg("rms_norm_eps") = py::none(),
+           py::arg("rms_norm_float32") = false)
+      .def("parallelize", &Attention::parallelize, py::arg("cp_group"), py::arg("ulysses"),
+           py::arg("ulysses_group"), py::arg("all_gather_group"), py::arg("strategy"), py::arg("partition"),
+           py::arg("overlap"), py::arg("kernel"), py::arg("device_type"))
+      .def("forward", &Attention::forward, py::arg("hidden"), py::arg("position_ids") = py::none(),
+           py::arg("document_ends") = py::none(), py::arg("position_embeddings") = py::none(),
+           py::arg("is_causal") = py::none(), py::arg("training") = true)
+      .def_property_readonly("description", &Attention::description)
+      .def_property_readonly("scaling", &Attention::scaling)
+      .def_property_readonly("config_json", &Attention::config_json);
+
+  m.def(
+      "shard_sequence",
+      [](const at::Tensor& t, const std::string& partition, int64_t cp, int64_t rank, int64_t dim) {
+        return mlacp::shard_sequence(t, mlacp::parse_partition(partition), cp, rank, dim);
+      },
+      py::arg("tensor"), py::arg("partition"), py::arg("cp"), py::arg("rank"), py::arg("dim") = 1);
+  m.def(
+      "unshard_sequence",
+      [](const std::vector<at::Tensor>& shards, const std::string& partition, int64_t dim) {
+        return mlacp::unshard_sequence(shards, mlacp::parse_partition(partition), dim);
+      },
+      py::arg("shards"), py::arg("partition"), py::arg("dim") = 1);
+  m.def("parse_config_json", [](const std::string& text) { return mlacp::config_to_json(mlacp::parse_config_json(text)); },
+        py::arg("config_json"), "The config as mlacp reads it (JSON), or MlacpError.");
+  m.def("torch_version", [] { return std::string(TORCH_VERSION); });
+}
