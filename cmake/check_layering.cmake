@@ -31,6 +31,7 @@ set(MLACP_PUBLIC_HEADERS
   comm.h=comm
   config.h=model
   attention.h=model
+  checkpoint.h=model
   runtime.h=runtime)
 
 if(NOT DEFINED ROOT)

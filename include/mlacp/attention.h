@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -121,5 +122,10 @@ class MlaAttentionImpl : public torch::nn::Module {
   std::shared_ptr<RopeState> rope_;
 };
 TORCH_MODULE(MlaAttention);
+
+// The parameters an MlaAttention built from `config` registers (before TP sharding), in
+// named_parameters() order: name ("q_a_proj.weight", ...) and shape. Computed from the config
+// alone, without allocating the module (checkpoint readers check against it).
+std::vector<std::pair<std::string, std::vector<int64_t>>> mla_parameter_shapes(const MlaConfig& config);
 
 }  // namespace mlacp
