@@ -1,6 +1,6 @@
 // HuggingFace checkpoints: the safetensors reader (well-formed files of every float dtype, and
 // broken ones, each a clear mlacp error) and checkpoint folders (single file, shards + index),
-// loading a layer's attention weights into MlaAttention.
+// loading a layer's attention weights into MlaAttention, and the verify case built from them.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "check/cases.h"
+#include "check/single_device_checks.h"
 #include "mlacp/checkpoint.h"
 #include "model/safetensors.h"
 #include "support/error_of.h"
@@ -307,6 +309,24 @@ TEST(HfCheckpoint, BiasesAndNoQueryLatent) {
   ckpt.load_attention_layer(module, 0);
   for (const auto& [name, value] : test::random_attention_weights(config, 9, at::kFloat))
     EXPECT_TRUE(at::equal(module->named_parameters()[name], value)) << name;
+}
+
+// The verify case with checkpoint weights: the module holds them (in the check's dtype) and the
+// single-device checks pass on it.
+TEST(HfCheckpoint, VerifyCaseModuleTakesTheCheckpointWeights) {
+  TempFolder dir;
+  test::write_hf_checkpoint(dir.path(), test::hf_test_config_json(), test::hf_test_tensors(test_config(), 2, 11, at::kBFloat16));
+  const HfCheckpoint ckpt = open_hf_checkpoint(dir.path());
+  VerifyCase c{"checkpoint", ckpt.config()};
+  c.weights = std::make_shared<const CaseWeights>(ckpt.read_attention_layer(1));
+  c.weights_source = "test layer 1";
+  const auto expected = test::random_attention_weights(test_config(), 12, at::kBFloat16);
+  for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+    MlaAttention module = make_case_module(c, dtype);
+    for (const auto& [name, value] : expected)
+      EXPECT_TRUE(at::equal(module->named_parameters()[name], value.to(dtype))) << name;
+  }
+  for (const CheckRow& row : run_single_device_checks(c)) EXPECT_TRUE(row.passed()) << row.quantity << " " << row.error;
 }
 
 // ---------------------------------------------------------------------------------------------
