@@ -32,6 +32,7 @@ set(MLACP_PUBLIC_HEADERS
   c10d_groups.h=comm
   config.h=model
   attention.h=model
+  checkpoint.h=model
   runtime.h=runtime)
 
 if(NOT DEFINED ROOT)

@@ -4,6 +4,8 @@
 //   mlacp verify --case NAME ...    named cases;  mlacp verify --list   their names
 //   mlacp verify --cp 4 --ulysses 2 --strategy latent ...   one ad-hoc case
 //   mlacp verify --single-device    only the single-device checks, in this process
+//   mlacp verify --checkpoint DIR [--layer N]   the CP check with a HuggingFace checkpoint's config
+//                                   and layer N's attention weights
 // Under torchrun (RANK/WORLD_SIZE set) it runs as one rank of that launch.
 #include <fstream>
 #include <map>
@@ -16,6 +18,7 @@
 #include "commands.h"
 #include "output_file.h"
 #include "core/format.h"
+#include "mlacp/checkpoint.h"
 #include "mlacp/errors.h"
 #include "table.h"
 
@@ -24,8 +27,14 @@ namespace {
 
 void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   auto* g = cmd->add_option_group("ad-hoc case", "any of these defines one case (defaults: tiny preset)");
-  g->add_option("--preset", a.preset, "tiny | deepseek-v2-lite | deepseek-v3");
+  g->add_option("--preset", a.preset, "tiny | deepseek-v2-lite | deepseek-v3")
+      ->each([&a](const std::string&) { a.preset_given = true; });
   g->add_option("--config", a.config_path, "HuggingFace-style config.json instead of a preset");
+  g->add_option("--checkpoint", a.checkpoint,
+                "HuggingFace checkpoint folder (config.json + safetensors): its config and the attention weights "
+                "of --layer instead of a seeded random draw");
+  g->add_option("--layer", a.layer, "decoder layer of --checkpoint whose attention is checked (default 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   g->add_option("--hidden", a.hidden, "hidden size d");
   g->add_option("--heads", a.heads, "attention heads");
   g->add_option("--q-rank", a.q_rank, "q latent rank Rq (0: none)");
@@ -59,8 +68,36 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   }
 }
 
-CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
-  MlaConfig cfg = a.config_path.empty() ? preset_config(a.preset) : load_config_file(a.config_path);
+// The module config and, with --checkpoint, the weights of the ad-hoc case. `read_weights` false:
+// the checkpoint is opened and its layer checked (names, shapes, dtypes) without reading tensor data
+// (the launcher, before any rank starts).
+MlaConfig adhoc_config(const AdHocCase& a, bool read_weights, VerifyCase& base) {
+  MLACP_REQUIRE(!a.layer || !a.checkpoint.empty(), "verify", "--layer needs --checkpoint", {got("layer", *a.layer)},
+                "add --checkpoint DIR, or drop --layer");
+  if (a.checkpoint.empty()) return a.config_path.empty() ? preset_config(a.preset) : load_config_file(a.config_path);
+  MLACP_REQUIRE(!a.preset_given && a.config_path.empty(), "verify",
+                "--checkpoint takes the config from its config.json: --preset and --config cannot go with it",
+                {got("checkpoint", a.checkpoint), got(a.preset_given ? "preset" : "config", a.preset_given ? a.preset : a.config_path)},
+                "drop --preset/--config");
+  const bool shape_given = a.hidden || a.heads || a.q_rank || a.kv_rank || a.nope || a.rope || a.value || a.gate;
+  MLACP_REQUIRE(!shape_given, "verify",
+                "--checkpoint fixes the layer's shape: --hidden, --heads, --q-rank, --kv-rank, --nope, --rope, --value "
+                "and --gate cannot go with it",
+                {got("checkpoint", a.checkpoint)}, "drop them: the checkpoint's config.json and weights decide the shape");
+  const HfCheckpoint checkpoint = open_hf_checkpoint(a.checkpoint);
+  const int64_t layer = a.layer.value_or(0);
+  base.weights_source = "checkpoint " + a.checkpoint + " layer " + std::to_string(layer);
+  if (read_weights) {
+    base.weights = std::make_shared<const CaseWeights>(checkpoint.read_attention_layer(layer));  // stored dtype
+  } else {
+    checkpoint.check_attention_layer(layer);
+  }
+  return checkpoint.config();
+}
+
+CpCase build_adhoc(const AdHocCase& a, int64_t world_size, bool read_weights) {
+  VerifyCase weights_holder;
+  MlaConfig cfg = adhoc_config(a, read_weights, weights_holder);
   if (a.hidden) cfg.hidden_size = *a.hidden;
   if (a.heads) cfg.num_heads = *a.heads;
   if (a.q_rank) cfg.q_lora_rank = *a.q_rank == 0 ? std::nullopt : std::optional<int64_t>(*a.q_rank);
@@ -71,8 +108,10 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
   cfg.output_gate = cfg.output_gate || a.gate;
   cfg.validate();
   CpCase c;
-  c.name = "adhoc";
-  c.base = VerifyCase{"adhoc", cfg};
+  c.name = a.checkpoint.empty() ? "adhoc" : "checkpoint-layer" + std::to_string(a.layer.value_or(0));
+  c.base = VerifyCase{c.name, cfg};
+  c.base.weights = weights_holder.weights;
+  c.base.weights_source = weights_holder.weights_source;
   c.base.seq_len = a.seq.value_or(32);
   c.base.batch = a.batch.value_or(a.doc_ends.empty() ? 2 : 1);
   c.base.causal = a.causal;
@@ -101,10 +140,11 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size) {
 }
 
 // The cases of a multi-rank run: the ad-hoc one, the named ones or the default matrix.
-std::vector<CpCase> select_cp_cases(const VerifyArgs& args, int64_t world_size) {
+// `read_weights` false: a --checkpoint's tensors are checked but not read (the launcher).
+std::vector<CpCase> select_cp_cases(const VerifyArgs& args, int64_t world_size, bool read_weights = true) {
   MLACP_REQUIRE(!(args.adhoc.given && !args.cases.empty()), "verify", "--case and ad-hoc case flags are exclusive",
                 {got("case", args.cases.front())}, "drop --case to run the ad-hoc case, or drop the case flags");
-  if (args.adhoc.given) return {build_adhoc(args.adhoc, world_size)};
+  if (args.adhoc.given) return {build_adhoc(args.adhoc, world_size, read_weights)};
   return args.cases.empty() ? default_cp_cases(world_size) : find_cp_cases(args.cases, world_size);
 }
 
@@ -277,6 +317,9 @@ CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
 int run_verify(const CommonArgs& common, const VerifyArgs& args) {
   if (!args.json_path.empty()) check_output_file("--json", args.json_path);  // before any rank starts
   if (args.single_device) {
+    MLACP_REQUIRE(args.adhoc.checkpoint.empty(), "verify",
+                  "--checkpoint runs on ranks: --single-device takes only --case names",
+                  {got("checkpoint", args.adhoc.checkpoint)}, "drop --single-device (use --nproc 1 for one rank)");
     apply_threads(common);
     return run_single_device(args);
   }
@@ -284,7 +327,7 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
   // Every rule that needs no collective, here, before any rank starts: one clear error (a rank
   // that exits early would otherwise make the launcher stop the others before they print it).
   if (!args.list)
-    for (const CpCase& c : select_cp_cases(args, args.nproc)) validate_cp_case(c, args.nproc);
+    for (const CpCase& c : select_cp_cases(args, args.nproc, /*read_weights=*/false)) validate_cp_case(c, args.nproc);
   return relaunch_local(common, args.nproc);
 }
 

@@ -39,6 +39,9 @@ struct AdHocCase {
   std::optional<bool> overlap;
   std::optional<std::string> kernel, reference_kernel;
   bool reference_rank0 = false;
+  std::string checkpoint;         // HuggingFace checkpoint folder: its config and one layer's weights
+  std::optional<int64_t> layer;   // that layer (default 0)
+  bool preset_given = false;      // --preset was on the command line
   bool given = false;  // set when any of the above was on the command line
 };
 

@@ -137,4 +137,9 @@ class MlaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MlaAttention);
 
+// The parameters an MlaAttention built from `config` registers (before TP sharding), in
+// named_parameters() order: name ("q_a_proj.weight", ...) and shape. Computed from the config
+// alone, without allocating the module (checkpoint readers check against it).
+std::vector<std::pair<std::string, std::vector<int64_t>>> mla_parameter_shapes(const MlaConfig& config);
+
 }  // namespace mlacp

@@ -79,8 +79,21 @@ std::vector<std::string> preset_names();
 // HuggingFace-style config.json (DeepSeek-V3 field names). Unknown or contradictory fields are
 // errors. Model fields outside attention (vocab_size, MoE sizes, ...) are recognised and ignored.
 // mlacp's own extensions live under the "mlacp" key.
+// Both HF spellings are read: transformers 5's `rope_parameters` {rope_type "default"|"yarn",
+// rope_theta, YaRN fields} and `dtype`, and the older `rope_scaling` + top-level `rope_theta` and
+// `torch_dtype`. Where both spellings are present they must agree (else an error naming both);
+// a field that changes the math is never ignored.
 MlaConfig parse_config_json(const std::string& json_text);
 MlaConfig load_config_file(const std::string& path);
+
+// What a config.json says beyond the attention layer, for checkpoint readers.
+struct HfConfig {
+  MlaConfig attention;
+  std::optional<int64_t> num_hidden_layers;  // when the file has it (>= 1)
+  std::optional<std::string> dtype;          // `dtype` / `torch_dtype` ("bfloat16", "float32", ...), when given
+};
+HfConfig parse_hf_config_json(const std::string& json_text);
+HfConfig load_hf_config_file(const std::string& path);
 std::string config_to_json(const MlaConfig& config, int indent = 2);
 
 std::string rope_layout_name(RopeLayout layout);

@@ -1,5 +1,7 @@
 #include "check/cases.h"
 
+#include <set>
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -11,7 +13,9 @@ MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(c.seed + 17);
   MlaAttention module(c.config, at::TensorOptions().dtype(at::kFloat));
   at::NoGradGuard no_grad;
+  // Given weights are copied after the cast, so a float64 module holds them exactly.
   for (auto& item : module->named_parameters()) {
+    if (c.weights) continue;
     at::Tensor p = item.value();
     if (item.key().find("layernorm") != std::string::npos) {
       p.copy_(1.0 + 0.2 * at::randn(p.sizes(), generator, p.options()));
@@ -21,6 +25,24 @@ MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype) {
     }
   }
   module->to(dtype);
+  if (c.weights) {
+    auto parameters = module->named_parameters();
+    std::set<std::string> names, expected;
+    for (const auto& [name, value] : *c.weights) names.insert(name);
+    for (const std::string& name : parameters.keys()) expected.insert(name);
+    MLACP_REQUIRE(names == expected && names.size() == c.weights->size(), "verify",
+                  "the case's weights must be exactly the layer's parameters",
+                  {got("weights", c.weights_source), got("count", c.weights->size()),
+                   got("parameters", parameters.size())},
+                  "load them with HfCheckpoint::read_attention_layer for the same config");
+    for (const auto& [name, value] : *c.weights) {
+      at::Tensor p = parameters[name];
+      MLACP_REQUIRE(p.sizes() == value.sizes(), "verify", "a weight's shape differs from its parameter's",
+                    {got("parameter", name), got("shape", value.sizes().vec()), got("expected", p.sizes().vec())},
+                    "load the weights for the same config");
+      p.copy_(value);  // converts to the module's dtype
+    }
+  }
   // A case module is an oracle: its single-device path runs the reference kernel (CP runs use
   // their plan's kernel).
   module->set_attention_kernel(AttentionKernel::reference);

@@ -2,13 +2,19 @@
 // benchmark row. Also the deterministic construction of a case's module and inputs.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlacp/attention.h"
 
 namespace mlacp {
+
+// Parameter values by MlaAttention parameter name ("q_a_proj.weight", ...), e.g. one layer of a
+// HuggingFace checkpoint (HfCheckpoint::read_attention_layer).
+using CaseWeights = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct VerifyCase {
   std::string name;
@@ -20,6 +26,10 @@ struct VerifyCase {
   int64_t band_width = 0;              // > 0: band mask, key allowed iff |i - j| < band_width
   std::vector<int64_t> masked_rows;    // query rows with no allowed key (needs a band mask)
   uint64_t seed = 0;
+  // When set, the case module takes these values (converted to its dtype) instead of its seeded
+  // random draw; they must be exactly the module's parameters (names and shapes).
+  std::shared_ptr<const CaseWeights> weights;
+  std::string weights_source;  // where they came from, for descriptions ("checkpoint DIR layer N")
 };
 
 struct CaseInputs {
@@ -30,8 +40,9 @@ struct CaseInputs {
 
 // The module of a case, deterministic in (config, seed) whatever the dtype: parameters are drawn
 // in float32 and then cast, so float32 and float64 modules hold the same values. Norm weights are
-// perturbed away from 1 so their gradients are not trivially symmetric. Its single-device path
-// runs the reference kernel (the oracle).
+// perturbed away from 1 so their gradients are not trivially symmetric. With c.weights the
+// parameters are those values instead, converted to `dtype`. Its single-device path runs the
+// reference kernel (the oracle).
 MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype);
 CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype);
 // bool [1, 1, S, S] band mask with the case's masked rows.

@@ -95,6 +95,7 @@ std::string CpCase::describe() const {
       << " Dv=" << cfg.v_head_dim << " gate=" << (cfg.output_gate ? "yes" : "no") << " seed=" << base.seed;
   if (!base.document_ends.empty()) out << " docs=" << got("", base.document_ends).value;
   if (base.band_width > 0) out << " band=" << base.band_width << " masked_rows=" << got("", base.masked_rows).value;
+  if (base.weights) out << " weights=" << base.weights_source;
   if (!frozen.empty()) {
     out << " frozen=";
     for (const auto& f : frozen) out << f << ",";

@@ -375,4 +375,27 @@ void MlaAttentionImpl::shard_heads_for_tp(int64_t tp_rank, int64_t tp_size) {
   tp_size_ = tp_size;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> mla_parameter_shapes(const MlaConfig& c) {
+  // Mirrors the constructor's registration order (a test checks it against named_parameters()).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    shapes.push_back({name + ".weight", {out, in}});
+    if (bias) shapes.push_back({name + ".bias", {out}});
+  };
+  const int64_t h = c.num_heads;
+  if (c.q_lora_rank) {
+    linear("q_a_proj", c.hidden_size, *c.q_lora_rank, c.attention_bias);
+    shapes.push_back({"q_a_layernorm.weight", {*c.q_lora_rank}});
+    linear("q_b_proj", *c.q_lora_rank, h * c.qk_head_dim(), c.up_proj_bias);
+  } else {
+    linear("q_proj", c.hidden_size, h * c.qk_head_dim(), c.attention_bias);
+  }
+  linear("kv_a_proj_with_mqa", c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias);
+  shapes.push_back({"kv_a_layernorm.weight", {c.kv_lora_rank}});
+  linear("kv_b_proj", c.kv_lora_rank, h * (c.qk_nope_head_dim + c.v_head_dim), c.up_proj_bias);
+  if (c.output_gate) linear("o_gate_proj", c.hidden_size, h * c.v_head_dim, c.attention_bias);
+  linear("o_proj", h * c.v_head_dim, c.hidden_size, c.attention_bias);
+  return shapes;
+}
+
 }  // namespace mlacp

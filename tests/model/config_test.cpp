@@ -8,6 +8,7 @@
 #include <string>
 
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include "support/error_of.h"
@@ -262,8 +263,9 @@ TEST(ConfigJsonErrors, HeadDimContradicts) {
 TEST(ConfigJsonErrors, RopeScalingTypeNotYarn) {
   const std::string msg =
       error_of([] { parse_config_json(tiny_json({{"rope_scaling", R"({"type": "linear", "factor": 4})"}})); });
-  EXPECT_THAT(msg, HasSubstr("only YaRN rope scaling is supported"));
+  EXPECT_THAT(msg, HasSubstr("unsupported rope type"));
   EXPECT_THAT(msg, HasSubstr("rope_scaling.type=linear"));
+  EXPECT_THAT(msg, HasSubstr("\"default\" (plain RoPE) and \"yarn\""));
 }
 
 TEST(ConfigJsonErrors, RopeScalingTypeAndRopeTypeDiffer) {
@@ -448,6 +450,207 @@ TEST(ConfigJsonErrors, HugeUnsignedIntegerIsReportedAsGiven) {
 TEST(ConfigJson, NullSoftmaxScaleMeansAbsent) {
   const MlaConfig c = parse_config_json(tiny_json({{"mlacp", R"({"softmax_scale": null})"}}));
   EXPECT_FALSE(c.softmax_scale.has_value());
+}
+
+// ---------------------------------------------------------------------------------------------
+// transformers 5 spelling: rope_parameters and dtype (and the older rope_scaling/torch_dtype)
+
+// DeepSeek-V3's config.json as transformers 5 writes it (DeepseekV3Config.to_json_string):
+// rope_parameters instead of rope_scaling + rope_theta, dtype instead of torch_dtype, head_dim and
+// qk_head_dim spelled out.
+const char* const kDeepSeekV3Transformers5Json = R"json({
+  "architectures": ["DeepseekV3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 0,
+  "dtype": "bfloat16",
+  "eos_token_id": 1,
+  "first_k_dense_replace": 3,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 7168,
+  "initializer_range": 0.02,
+  "intermediate_size": 18432,
+  "kv_lora_rank": 512,
+  "max_position_embeddings": 163840,
+  "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048,
+  "n_group": 8,
+  "n_routed_experts": 256,
+  "n_shared_experts": 1,
+  "norm_topk_prob": true,
+  "num_attention_heads": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 61,
+  "num_key_value_heads": 128,
+  "pad_token_id": null,
+  "pretraining_tp": 1,
+  "q_lora_rank": 1536,
+  "qk_head_dim": 192,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06,
+  "rope_interleave": true,
+  "rope_parameters": {
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "factor": 40.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 10000,
+    "rope_type": "yarn"
+  },
+  "routed_scaling_factor": 2.5,
+  "tie_word_embeddings": false,
+  "topk_group": 4,
+  "transformers_version": "5.0.0",
+  "use_cache": true,
+  "v_head_dim": 128,
+  "vocab_size": 129280
+})json";
+
+// The transformers-5 text with one top-level field replaced (raw JSON value) or, with "", dropped.
+std::string v3_transformers5_with(const std::string& key, const std::string& value) {
+  nlohmann::json j = nlohmann::json::parse(kDeepSeekV3Transformers5Json);
+  if (value.empty()) j.erase(key);
+  else j[key] = nlohmann::json::parse(value);
+  return j.dump(2);
+}
+
+TEST(ConfigJsonHf, Transformers5DeepSeekV3ReadsYarnThetaAndDtype) {
+  const HfConfig hf = parse_hf_config_json(kDeepSeekV3Transformers5Json);
+  EXPECT_EQ(hf.attention, preset_config("deepseek-v3"));
+  ASSERT_TRUE(hf.attention.yarn.has_value()) << "rope_parameters was ignored";
+  EXPECT_EQ(hf.attention.yarn->factor, 40.0);
+  EXPECT_EQ(hf.attention.yarn->original_max_position_embeddings, 4096);
+  EXPECT_EQ(hf.attention.yarn->beta_fast, 32.0);
+  EXPECT_EQ(hf.attention.yarn->beta_slow, 1.0);
+  EXPECT_EQ(hf.attention.yarn->mscale, 1.0);
+  EXPECT_EQ(hf.attention.yarn->mscale_all_dim, 1.0);
+  EXPECT_EQ(hf.attention.rope_theta, 10000.0);
+  EXPECT_EQ(hf.attention.rope_layout, RopeLayout::interleaved);  // rope_interleave: true
+  // 192^-0.5 * (0.1 ln 40 + 1)^2 = 0.1352 (without YaRN it would be 0.0722).
+  EXPECT_NEAR(hf.attention.scaling(), 0.1352, 5e-5);
+  EXPECT_EQ(hf.dtype, std::optional<std::string>("bfloat16"));
+  EXPECT_EQ(hf.num_hidden_layers, std::optional<int64_t>(61));
+  EXPECT_EQ(parse_config_json(kDeepSeekV3Transformers5Json), hf.attention);
+}
+
+TEST(ConfigJsonHf, OlderRopeScalingFormGivesTheIdenticalConfig) {
+  const HfConfig older = parse_hf_config_json(kDeepSeekV3ConfigJson);
+  const HfConfig newer = parse_hf_config_json(kDeepSeekV3Transformers5Json);
+  EXPECT_EQ(older.attention, newer.attention);
+  EXPECT_EQ(older.attention.scaling(), newer.attention.scaling());
+  EXPECT_NEAR(older.attention.scaling(), 0.1352, 5e-5);
+  EXPECT_EQ(older.dtype, std::optional<std::string>("bfloat16"));  // torch_dtype
+  EXPECT_EQ(older.num_hidden_layers, std::optional<int64_t>(61));
+}
+
+TEST(ConfigJsonHf, BothSpellingsAgreeingAreAccepted) {
+  std::string text = v3_transformers5_with("rope_theta", "10000.0");
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"original_max_position_embeddings", 4096},
+                       {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  j["torch_dtype"] = "bfloat16";
+  const HfConfig hf = parse_hf_config_json(j.dump());
+  EXPECT_EQ(hf.attention, preset_config("deepseek-v3"));
+  EXPECT_EQ(hf.dtype, std::optional<std::string>("bfloat16"));
+  // rope_scaling: null beside rope_parameters means "not given" (HF: rope_scaling or rope_parameters).
+  EXPECT_EQ(parse_config_json(v3_transformers5_with("rope_scaling", "null")), preset_config("deepseek-v3"));
+}
+
+TEST(ConfigJsonHf, DefaultRopeTypeWithTheta) {
+  const MlaConfig c = parse_config_json(tiny_json({{"rope_parameters", R"({"rope_type": "default", "rope_theta": 50000})"}}));
+  EXPECT_FALSE(c.yarn.has_value());
+  EXPECT_EQ(c.rope_theta, 50000.0);
+  // No rope_type: HF's default.
+  EXPECT_EQ(parse_config_json(tiny_json({{"rope_parameters", R"({"rope_theta": 500})"}})).rope_theta, 500.0);
+  // Older spelling of the type inside rope_parameters, and an attention_factor equal to the derived one.
+  const MlaConfig y = parse_config_json(tiny_json(
+      {{"rope_parameters", R"({"type": "yarn", "factor": 4, "mscale": 0.707, "mscale_all_dim": 0.707,
+                               "attention_factor": 1.0, "truncate": true, "partial_rotary_factor": 1.0})"}}));
+  ASSERT_TRUE(y.yarn.has_value());
+  EXPECT_EQ(y.yarn->factor, 4.0);
+  EXPECT_EQ(y.rope_magnitude_scale(), 1.0);
+}
+
+TEST(ConfigJsonHfErrors, ThetaGivenTwiceDiffering) {
+  const std::string msg = error_of([] { parse_config_json(v3_transformers5_with("rope_theta", "50000")); });
+  EXPECT_THAT(msg, HasSubstr("rope_theta is given twice with different values"));
+  EXPECT_THAT(msg, HasSubstr("rope_theta=50000"));
+  EXPECT_THAT(msg, HasSubstr("rope_parameters.rope_theta=10000"));
+}
+
+TEST(ConfigJsonHfErrors, RopeScalingAndRopeParametersDisagree) {
+  std::string msg = error_of([] {
+    parse_config_json(v3_transformers5_with("rope_scaling", R"({"type": "yarn", "factor": 32,
+        "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0})"));
+  });
+  EXPECT_THAT(msg, HasSubstr("rope_scaling and rope_parameters disagree"));
+  EXPECT_THAT(msg, HasSubstr("rope_scaling=yarn(factor 32"));
+  EXPECT_THAT(msg, HasSubstr("rope_parameters=yarn(factor 40"));
+  msg = error_of([] { parse_config_json(v3_transformers5_with("rope_scaling", R"({"rope_type": "default"})")); });
+  EXPECT_THAT(msg, HasSubstr("rope_scaling and rope_parameters disagree"));
+  EXPECT_THAT(msg, HasSubstr("rope_scaling=default (no YaRN)"));
+}
+
+TEST(ConfigJsonHfErrors, DtypeAndTorchDtypeDiffer) {
+  const std::string msg = error_of([] { parse_config_json(v3_transformers5_with("torch_dtype", "\"float32\"")); });
+  EXPECT_THAT(msg, HasSubstr("dtype and torch_dtype differ"));
+  EXPECT_THAT(msg, HasSubstr("dtype=bfloat16"));
+  EXPECT_THAT(msg, HasSubstr("torch_dtype=float32"));
+}
+
+TEST(ConfigJsonHfErrors, UnsupportedDtype) {
+  const std::string msg = error_of([] { parse_config_json(v3_transformers5_with("dtype", "\"float8_e4m3fn\"")); });
+  EXPECT_THAT(msg, HasSubstr("unsupported dtype"));
+  EXPECT_THAT(msg, HasSubstr("dtype=float8_e4m3fn"));
+  EXPECT_THAT(msg, HasSubstr("bf16"));
+}
+
+TEST(ConfigJsonHfErrors, UnknownRopeTypeNamesItAndTheSupportedOnes) {
+  const std::string msg = error_of([] {
+    parse_config_json(tiny_json({{"rope_parameters", R"({"rope_type": "llama3", "factor": 8, "rope_theta": 500000})"}}));
+  });
+  EXPECT_THAT(msg, HasSubstr("unsupported rope type"));
+  EXPECT_THAT(msg, HasSubstr("rope_parameters.rope_type=llama3"));
+  EXPECT_THAT(msg, HasSubstr("\"default\" (plain RoPE) and \"yarn\""));
+}
+
+TEST(ConfigJsonHfErrors, MathFieldsAreNeverIgnored) {
+  struct Case {
+    const char* rope_parameters;
+    const char* expected;
+    const char* value;
+  };
+  const Case cases[] = {
+      {R"({"rope_type": "default", "factor": 4})", "has a YaRN field but its rope type is \"default\"", "field=factor"},
+      {R"({"rope_type": "yarn", "factor": 4, "truncate": false})", "truncate=false is not supported", "truncate=false"},
+      {R"({"rope_type": "yarn", "factor": 4, "attention_factor": 2.0})", "attention_factor must equal", "attention_factor=2"},
+      {R"({"rope_type": "default", "partial_rotary_factor": 0.5})", "partial_rotary_factor must be 1",
+       "partial_rotary_factor=0.5"},
+      {R"({"rope_type": "yarn", "factor": 4, "low_freq_factor": 1})", "unknown field in rope_parameters",
+       "field=low_freq_factor"},
+      {R"({"full_attention": {"rope_type": "default"}})", "unknown field in rope_parameters", "field=full_attention"},
+      {R"("yarn")", "rope_parameters must be an object or null", "rope_parameters=\"yarn\""},
+      {R"({"rope_type": 3})", "rope_parameters.rope_type must be a string", "rope_type=3"},
+      {R"({"rope_type": "yarn", "type": "default"})", "rope_parameters.type and rope_parameters.rope_type differ",
+       "type=\"default\""},
+  };
+  for (const Case& k : cases) {
+    const std::string msg = error_of([&] { parse_config_json(tiny_json({{"rope_parameters", k.rope_parameters}})); });
+    EXPECT_THAT(msg, HasSubstr(k.expected)) << k.rope_parameters;
+    EXPECT_THAT(msg, HasSubstr(k.value)) << k.rope_parameters;
+  }
+  // The older rope_scaling obeys the same rules.
+  const std::string msg = error_of([] { parse_config_json(tiny_json({{"rope_scaling", R"({"factor": 4})"}})); });
+  EXPECT_THAT(msg, HasSubstr("rope_scaling has a YaRN field but its rope type is \"default\""));
+}
+
+TEST(ConfigJsonHfErrors, NumHiddenLayersMustBePositive) {
+  const std::string msg = error_of([] { parse_config_json(tiny_json({{"num_hidden_layers", "0"}})); });
+  EXPECT_THAT(msg, HasSubstr("num_hidden_layers must be >= 1"));
 }
 
 }  // namespace
