@@ -63,8 +63,8 @@ ParallelGroups parallel_groups_from_c10d(const c10::intrusive_ptr<c10d::ProcessG
   g.world_info.rank = g.cp_rank;
   g.world_info.size = p;
   g.world_info.local_rank = g.cp_rank;
-  g.dp = wrap_c10d_group(nullptr, device, "dp", g.instruments);
-  g.tp = wrap_c10d_group(nullptr, device, "tp", g.instruments);
+  g.dp = wrap_c10d_group({}, device, "dp", g.instruments);
+  g.tp = wrap_c10d_group({}, device, "tp", g.instruments);
   if (hybrid) {
     g.ulysses = wrap_c10d_group(ulysses_group, device, "ulysses", g.instruments);
     g.all_gather = wrap_c10d_group(all_gather_group, device, "all_gather", g.instruments);
@@ -75,9 +75,9 @@ ParallelGroups parallel_groups_from_c10d(const c10::intrusive_ptr<c10d::ProcessG
                   "build the Ulysses groups from CP ranks [a*U, (a+1)*U) and the all-gather groups from {u, u+U, ...}");
   } else if (u == p) {
     g.ulysses = g.cp;
-    g.all_gather = wrap_c10d_group(nullptr, device, "all_gather", g.instruments);
+    g.all_gather = wrap_c10d_group({}, device, "all_gather", g.instruments);
   } else {
-    g.ulysses = wrap_c10d_group(nullptr, device, "ulysses", g.instruments);
+    g.ulysses = wrap_c10d_group({}, device, "ulysses", g.instruments);
     g.all_gather = g.cp;
   }
   return g;

@@ -18,26 +18,34 @@ def _train_worker(rank, world, strategy, steps):
     cp = mlacp.hf.parallelize_model(patched, groups, strategy=strategy)
     opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     opt_cp = torch.optim.AdamW(patched.parameters(), lr=1e-2)
-    losses_ref, losses_cp = [], []
+    losses_ref, losses_cp, hf_loss_ratio = [], [], []
     for step in range(steps):
         input_ids, position_ids = models.batch(32, seed=100 + step, packed=step % 2 == 1)
+        shifted = models.shift_labels(input_ids)
+        count = int((shifted != -100).sum())
         opt_ref.zero_grad()
-        loss = reference(input_ids=input_ids, position_ids=position_ids, labels=input_ids).loss
+        out_ref = reference(input_ids=input_ids, position_ids=position_ids, labels=input_ids)
+        # The loss in float64 (HuggingFace's own loss computes in float32 whatever the dtype).
+        loss = models.causal_lm_loss(out_ref.logits, shifted, count)
         loss.backward()
         opt_ref.step()
         losses_ref.append(loss.item())
         opt_cp.zero_grad()
-        out = patched(**cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids))
-        out.loss.backward()
+        batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
+        out = patched(**batch)
+        share = models.causal_lm_loss(out.logits, batch["shift_labels"], batch["num_items_in_batch"])
+        share.backward()
         mlacp.reduce_gradients(patched.parameters(), groups)
         opt_cp.step()
-        losses_cp.append(mlacp.all_reduce_loss(out.loss, groups).item())
+        losses_cp.append(mlacp.all_reduce_loss(share, groups).item())
+        # HuggingFace's own loss through shard_inputs' labels: the same global loss (float32).
+        hf_loss_ratio.append(mlacp.all_reduce_loss(out.loss.double(), groups).item() / out_ref.loss.item())
     # The patched model's state_dict loads into an unpatched model unchanged.
     keys_ref, keys_cp = set(reference.state_dict()), set(patched.state_dict())
     fresh = models.tiny_model(config, torch.float64, seed=7)
     fresh.load_state_dict(patched.state_dict())
     same = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), patched.state_dict().values()))
-    return {"ref": losses_ref, "cp": losses_cp, "keys_equal": keys_ref == keys_cp, "reload_equal": same}
+    return {"ref": losses_ref, "cp": losses_cp, "hf_loss_ratio": hf_loss_ratio, "keys_equal": keys_ref == keys_cp, "reload_equal": same}
 
 
 def test_ten_adamw_steps_match_single_process():
@@ -45,6 +53,7 @@ def test_ten_adamw_steps_match_single_process():
         results = distributed.results(distributed.run(_train_worker, 2, strategy, 10))
         for r in results:
             assert r["keys_equal"] and r["reload_equal"]
+            assert all(abs(x - 1) <= 1e-6 for x in r["hf_loss_ratio"]), r["hf_loss_ratio"]
             for a, b in zip(r["ref"], r["cp"]):
                 assert abs(a - b) <= 1e-9 * abs(a), (strategy, r["ref"], r["cp"])
         print(strategy, "losses", ["%.12f" % x for x in results[0]["cp"]])
