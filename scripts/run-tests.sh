@@ -9,7 +9,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 legs="${MLACP_TEST_LEGS:-debian wheel}"
 jobs="${MLACP_TEST_JOBS:-2}"
+t0=$SECONDS
 "$root/scripts/setup.sh"
+echo "mlacp tests: Debian setup (apt) took $((SECONDS - t0)) s"
 for leg in $legs; do
   case "$leg" in
     debian)
@@ -18,7 +20,9 @@ for leg in $legs; do
       (cd "$root/build" && ctest --output-on-failure -j "$jobs" "$@") ;;
     wheel)
       echo "== mlacp tests: C++ suite, PyTorch 2.15 wheel LibTorch; Python package =="
+      t0=$SECONDS
       "$root/scripts/setup-python.sh"
+      echo "mlacp tests: Python setup (.venv, PyTorch 2.15 wheel) took $((SECONDS - t0)) s"
       MLACP_LIBTORCH=wheel "$root/scripts/build.sh"
       (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
