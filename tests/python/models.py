@@ -2,12 +2,12 @@
 import copy
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
 VOCAB = 96
 
 
-def tiny_config(q_latent=True, rope_interleave=True, yarn=True, layers=2, attn="sdpa", moe=False):
+def tiny_config(q_latent=True, rope_interleave=True, yarn=True, layers=2, attn="sdpa", moe=False, v2=False):
     """moe=True: layer 1 is a MoE layer. HuggingFace's MoE router computes in float32 whatever the
     model's dtype, and its float32 GEMM rounds differently for different token counts, so a MoE
     model in float64 is only float32-deterministic across shardings (dense layers: exact)."""
@@ -15,6 +15,17 @@ def tiny_config(q_latent=True, rope_interleave=True, yarn=True, layers=2, attn="
     if yarn:
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    if v2:  # DeepSeek-V2: rope always on interleaved pairs (complex freqs_cis), dense here
+        config = DeepseekV2Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+            n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=layers,
+            q_lora_rank=32 if q_latent else None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+            v_head_dim=12, max_position_embeddings=128, rope_parameters=rope, tie_word_embeddings=False,
+            use_cache=False, attention_dropout=0.0)
+        config._attn_implementation = attn
+        config._experts_implementation = "eager"
+        return config
     config = DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
@@ -29,7 +40,8 @@ def tiny_config(q_latent=True, rope_interleave=True, yarn=True, layers=2, attn="
 
 def tiny_model(config, dtype=torch.float64, seed=0):
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).to(dtype)
+    cls = DeepseekV2ForCausalLM if isinstance(config, DeepseekV2Config) else DeepseekV3ForCausalLM
+    model = cls(config).to(dtype)
     # Random (not the initial zero/identity) norms and router bias, so every parameter matters.
     with torch.no_grad():
         for name, p in model.named_parameters():
