@@ -85,6 +85,13 @@ DecoderConfig load_decoder_config(const std::string& path) {
   };
   c.num_layers = integer("num_hidden_layers", 2);
   c.intermediate_size = integer("intermediate_size", 3 * c.attention.hidden_size);
+  const int64_t vocab = integer("vocab_size", ByteTokenizer::kVocabSize);
+  MLACP_REQUIRE(vocab == ByteTokenizer::kVocabSize, kWhat,
+                "mlacp train trains a byte-level model: vocab_size must be its byte tokenizer's 256",
+                {got("vocab_size", vocab), got("path", path)},
+                "a model with another vocabulary cannot be trained by mlacp train (set vocab_size to 256 in a "
+                "config of your own); check a checkpoint's attention layers with mlacp verify --checkpoint DIR");
+  c.vocab_size = vocab;
   c.validate();
   return c;
 }

@@ -40,8 +40,9 @@ struct DecoderConfig {
 DecoderConfig decoder_preset(const std::string& name);
 std::vector<std::string> decoder_preset_names();
 // A HuggingFace-style config.json: the attention part through mlacp::load_config_file, plus
-// num_hidden_layers and intermediate_size when present (defaults: 2 and 3*d). vocab_size is the
-// byte tokenizer's 256 whatever the file says (the file's value is ignored).
+// num_hidden_layers and intermediate_size when present (defaults: 2 and 3*d). vocab_size, when
+// present, must be the byte tokenizer's 256 (another value is an mlacp::Error: mlacp train
+// trains a byte-level model).
 DecoderConfig load_decoder_config(const std::string& path);
 
 class DecoderLayerImpl : public torch::nn::Module {
