@@ -222,6 +222,12 @@ TEST(HfDecoderRejections, EachBrokenCheckpointIsOneClearError) {
   write_checkpoint(dir.file("fp8"), fp8);
   expect_rejected(dir.file("fp8"), {"fp8 weights are not supported", "dequantise"});
 
+  // An integer tensor where a parameter belongs.
+  std::vector<RawTensor> integer = without(good, "model.norm.weight");
+  integer.push_back(mlacp::test::raw_tensor("model.norm.weight", at::ones({32}, at::kLong)));
+  write_checkpoint(dir.file("integer"), integer);
+  expect_rejected(dir.file("integer"), {"must be stored as floating point", "dtype=I64"});
+
   // Tied embeddings: the decoder has its own lm_head.
   write_checkpoint(dir.file("tied"), without(good, "lm_head."), 256, /*tie=*/true);
   expect_rejected(dir.file("tied"), {"tie_word_embeddings is true", "untie the checkpoint"});
