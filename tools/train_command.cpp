@@ -44,8 +44,24 @@ constexpr const char* kProgressLogOption = "--progress-log";  // internal: the l
 
 train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   train::TrainConfig c;
-  c.model = a.config_path.empty() ? train::decoder_preset(a.preset) : train::load_decoder_config(a.config_path);
-  if (a.layers) c.model.num_layers = *a.layers;
+  if (!a.hf_checkpoint.empty()) {
+    std::vector<ErrorValue> shape_flags;  // flags that would change the loaded shapes
+    if (a.preset_given) shape_flags.push_back(got("preset", a.preset));
+    if (!a.config_path.empty()) shape_flags.push_back(got("config", a.config_path));
+    if (a.layers) shape_flags.push_back(got("layers", *a.layers));
+    if (!shape_flags.empty()) {
+      shape_flags.insert(shape_flags.begin(), got("hf_checkpoint", a.hf_checkpoint));
+      fail(kWhat,
+           "--hf-checkpoint takes the model from its config.json and weights: --preset, --config and --layers "
+           "cannot go with it",
+           shape_flags, "drop --preset/--config/--layers: the checkpoint decides the model's shape");
+    }
+    c.model = train::load_hf_decoder_config(a.hf_checkpoint);
+    c.hf_checkpoint = a.hf_checkpoint;
+  } else {
+    c.model = a.config_path.empty() ? train::decoder_preset(a.preset) : train::load_decoder_config(a.config_path);
+    if (a.layers) c.model.num_layers = *a.layers;
+  }
   c.mesh.dp = a.dp;
   c.mesh.tp = a.tp;
   c.mesh.cp = a.cp.value_or(std::max<int64_t>(1, world_size / std::max<int64_t>(1, a.dp * a.tp)));
@@ -357,6 +373,7 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   ParallelGroups groups = rendezvous.groups(config.mesh, options);
   if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
   train::Trainer trainer(std::move(prepared), groups);
+  if (lead && trainer.hf_init()) std::cerr << "train: " << trainer.hf_init()->describe() << "\n";
 
   std::ofstream log, copy;
   std::unique_ptr<Progress> progress;
@@ -537,8 +554,13 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();
   layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
   auto* model = cmd->add_option_group("model and data");
-  model->add_option("--preset", args.preset, "decoder preset: small | test")->capture_default_str();
+  model->add_option("--preset", args.preset, "decoder preset: small | test")
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.preset_given = true; });
   model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset");
+  model->add_option("--hf-checkpoint", args.hf_checkpoint,
+                    "HuggingFace checkpoint folder (config.json + safetensors) of a dense DeepSeek-V3-style decoder "
+                    "with vocab_size 256: the model's config and every initial parameter (a new run, not --resume)");
   model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)")
       ->check(CLI::Range(1, 1024));
   model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)");

@@ -7,6 +7,7 @@
 //                                      tokens/s and the plot path; exit 1 if the curves disagree
 //   mlacp train --cp 2 --tp 2 --strategy expanded --dtype bfloat16 --steps 100 --log run.jsonl
 //   mlacp train --checkpoint ckpt --steps 100 --resume    continue a run
+//   mlacp train --hf-checkpoint DIR --steps 100          start from a HuggingFace checkpoint's weights
 // Under torchrun (RANK/WORLD_SIZE set) it runs as one rank of that launch.
 #pragma once
 
@@ -29,8 +30,10 @@ struct TrainArgs {
   bool overlap = false;
   // model and data
   std::string preset = "small";
+  bool preset_given = false;  // --preset was on the command line
   std::string config_path;
   std::optional<int64_t> layers;
+  std::string hf_checkpoint;  // HuggingFace checkpoint folder: config and initial parameters
   std::string corpus;  // empty: the shipped data/corpus/
   // run
   std::string dtype = "float32";

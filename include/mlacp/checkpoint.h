@@ -44,6 +44,9 @@ class HfCheckpoint {
 
   // One tensor, read as stored, then converted to `dtype` when given.
   at::Tensor read_tensor(const std::string& name, std::optional<at::ScalarType> dtype = std::nullopt) const;
+  // Throws the mlacp::Error read_tensor would give for the tensor's stored dtype (fp8 and other
+  // dtypes LibTorch cannot hold), without reading its data; an unknown name throws as tensor_info.
+  void require_readable(const std::string& name) const;
 
   // HF name prefix of decoder layer `layer`'s attention: "model.layers.<layer>.self_attn.".
   static std::string attention_prefix(int64_t layer);

@@ -225,6 +225,10 @@ at::Tensor HfCheckpoint::read_tensor(const std::string& name, std::optional<at::
   return dtype && *dtype != tensor.scalar_type() ? tensor.to(*dtype) : tensor;
 }
 
+void HfCheckpoint::require_readable(const std::string& name) const {
+  require_readable_dtype(file_holding(*impl_, name), name);
+}
+
 std::string HfCheckpoint::attention_prefix(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".self_attn.";
 }

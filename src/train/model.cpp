@@ -42,6 +42,11 @@ void DecoderConfig::validate() const {
                 {got("intermediate_size", intermediate_size)}, "e.g. 3 * hidden_size");
 }
 
+bool DecoderConfig::operator==(const DecoderConfig& other) const {
+  return attention == other.attention && vocab_size == other.vocab_size && num_layers == other.num_layers &&
+         intermediate_size == other.intermediate_size;
+}
+
 std::string DecoderConfig::describe() const {
   const MlaConfig& a = attention;
   std::ostringstream out;
@@ -85,8 +90,34 @@ DecoderConfig load_decoder_config(const std::string& path) {
   };
   c.num_layers = integer("num_hidden_layers", 2);
   c.intermediate_size = integer("intermediate_size", 3 * c.attention.hidden_size);
+  const int64_t vocab = integer("vocab_size", ByteTokenizer::kVocabSize);
+  MLACP_REQUIRE(vocab == ByteTokenizer::kVocabSize, kWhat,
+                "mlacp train trains a byte-level model: vocab_size must be its byte tokenizer's 256",
+                {got("vocab_size", vocab), got("path", path)},
+                "a model with another vocabulary cannot be trained by mlacp train (set vocab_size to 256 in a "
+                "config of your own); check a checkpoint's attention layers with mlacp verify --checkpoint DIR");
+  c.vocab_size = vocab;
   c.validate();
   return c;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_parameter_shapes(const DecoderConfig& config) {
+  // Mirrors the constructors' registration order (a test checks it against named_parameters()).
+  const int64_t d = config.attention.hidden_size, v = config.vocab_size, m = config.intermediate_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes{{"embed_tokens.weight", {v, d}}};
+  const auto attention = mla_parameter_shapes(config.attention);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    shapes.push_back({p + "input_layernorm.weight", {d}});
+    for (const auto& [name, shape] : attention) shapes.push_back({p + kAttentionPrefix + name, shape});
+    shapes.push_back({p + "post_attention_layernorm.weight", {d}});
+    shapes.push_back({p + "gate_proj.weight", {m, d}});
+    shapes.push_back({p + "up_proj.weight", {m, d}});
+    shapes.push_back({p + "down_proj.weight", {d, m}});
+  }
+  shapes.push_back({"norm.weight", {d}});
+  shapes.push_back({"lm_head.weight", {v, d}});
+  return shapes;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@
 // over TP. Does not own: data, the optimizer, groups.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -33,6 +35,8 @@ struct DecoderConfig {
   int64_t intermediate_size = 0;  // SwiGLU width
   void validate() const;          // throws mlacp::Error naming the first broken rule
   std::string describe() const;   // one line with every size
+  bool operator==(const DecoderConfig& other) const;  // every field, the attention's included
+  bool operator!=(const DecoderConfig& other) const { return !(*this == other); }
 };
 
 // "small" (the default of `mlacp train`: d 64, 4 heads, Rq 32, Rkv 32, Dn 16, Dr 8, Dv 16,
@@ -40,9 +44,15 @@ struct DecoderConfig {
 DecoderConfig decoder_preset(const std::string& name);
 std::vector<std::string> decoder_preset_names();
 // A HuggingFace-style config.json: the attention part through mlacp::load_config_file, plus
-// num_hidden_layers and intermediate_size when present (defaults: 2 and 3*d). vocab_size is the
-// byte tokenizer's 256 whatever the file says (the file's value is ignored).
+// num_hidden_layers and intermediate_size when present (defaults: 2 and 3*d). vocab_size, when
+// present, must be the byte tokenizer's 256 (another value is an mlacp::Error: mlacp train
+// trains a byte-level model).
 DecoderConfig load_decoder_config(const std::string& path);
+
+// The parameters a DecoderLm built from `config` registers, in named_parameters() order: name
+// ("embed_tokens.weight", "layers.0.self_attn.q_a_proj.weight", ...) and shape. Computed from the
+// config alone, without allocating the model (the checkpoint reader checks against it).
+std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_parameter_shapes(const DecoderConfig& config);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:

@@ -82,6 +82,7 @@ std::string TrainConfig::describe() const {
       << " | dtype=" << dtype_name(dtype) << " S=" << seq_len << " batch=" << batch << " steps=" << steps
       << " lr=" << optimizer.lr << " warmup=" << optimizer.warmup_steps << " clip=" << optimizer.grad_clip
       << " wd=" << optimizer.weight_decay << " seed=" << seed;
+  if (!hf_checkpoint.empty()) out << " | hf_checkpoint=" << hf_checkpoint;
   return out.str();
 }
 
@@ -182,6 +183,26 @@ PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size)
   check_optimizer(c.optimizer);
   MLACP_REQUIRE(c.checkpoint_every >= 0, kWhat, "checkpoint interval must be >= 0",
                 {got("checkpoint_every", c.checkpoint_every)}, "0 saves only after the last step");
+  if (!c.hf_checkpoint.empty()) {  // checked before any data is read
+    MLACP_REQUIRE(!c.resume, kWhat,
+                  "--hf-checkpoint starts a new run from a HuggingFace checkpoint's weights: it cannot go with --resume",
+                  {got("hf_checkpoint", c.hf_checkpoint), got("checkpoint", c.checkpoint_dir)},
+                  "--resume continues from the training checkpoint in --checkpoint, which holds the parameters (and the "
+                  "optimizer state and data position) that would replace the HuggingFace weights; to continue a run "
+                  "that started from " + c.hf_checkpoint + ", resume it with --config " +
+                      (fs::path(c.hf_checkpoint) / "config.json").string() + " --checkpoint DIR --resume");
+    const DecoderConfig from_file = load_hf_decoder_config(c.hf_checkpoint);
+    if (c.model != from_file) {
+      std::vector<ErrorValue> values{got("hf_checkpoint", c.hf_checkpoint), got("model", c.model.describe()),
+                                     got("checkpoint_model", from_file.describe())};
+      if (c.model.describe() == from_file.describe())
+        values.push_back(got("differs_in", "the attention's rope or norm settings"));
+      fail(kWhat, "the model config must be the HuggingFace checkpoint's", values,
+           "set TrainConfig::model = load_hf_decoder_config(folder) (mlacp train --hf-checkpoint does)");
+    }
+    p.hf_checkpoint.emplace(open_hf_checkpoint(c.hf_checkpoint));
+    p.hf_init = check_hf_decoder_checkpoint(*p.hf_checkpoint, c.model);
+  }
   MLACP_REQUIRE(!c.resume || !c.checkpoint_dir.empty(), kWhat, "--resume needs --checkpoint DIR", {got("resume", true)},
                 "pass the folder of the checkpoint to continue from");
   if (c.corpus_path.empty()) c.corpus_path = default_corpus_path();
@@ -212,6 +233,7 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
   at::manual_seed(config_.seed);
   const at::ScalarType param_dtype = config_.dtype == at::kBFloat16 ? at::kFloat : config_.dtype;
   model_ = DecoderLm(config_.model, param_dtype, config_.seed);  // same values on every rank
+  if (prepared.hf_checkpoint) hf_init_ = load_hf_decoder_checkpoint(model_, *prepared.hf_checkpoint);  // before TP
   if (m.cp > 1 || m.tp > 1) model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap});
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);

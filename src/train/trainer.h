@@ -23,7 +23,9 @@
 
 #include "mlacp/comm.h"
 #include "mlacp/plan.h"
+#include "mlacp/checkpoint.h"
 #include "train/data.h"
+#include "train/hf_decoder.h"
 #include "train/model.h"
 
 namespace mlacp::train {
@@ -56,6 +58,10 @@ struct TrainConfig {
   std::string checkpoint_dir;         // empty: no checkpoints
   int64_t checkpoint_every = 0;       // also save every N steps (0: only after the last step)
   bool resume = false;                // continue from checkpoint_dir
+  // A HuggingFace checkpoint folder (config.json + safetensors) to initialise every parameter
+  // from instead of the seed (train/hf_decoder.h); `model` must be load_hf_decoder_config(it).
+  // A new run only: not with `resume`.
+  std::string hf_checkpoint;
   std::string describe() const;      // one line with every setting
 };
 
@@ -78,10 +84,14 @@ struct PreparedTraining {
   TrainConfig config;
   std::shared_ptr<const PackedCorpus> data;
   std::optional<CheckpointMeta> resume_from;
+  std::optional<HfCheckpoint> hf_checkpoint;  // opened and checked (no tensor data read yet)
+  std::optional<HfDecoderInit> hf_init;       // what the check found
 };
 // Checks, in this order: dtype, model, mesh against world_size, the CP plan, sequence length
 // divisibility for the partition, batch divisibility by dp, optimizer numbers, steps, the
-// corpus (present, at least one sequence), the checkpoint to resume. Throws mlacp::Error.
+// HuggingFace checkpoint to initialise from (not with resume; the model config is its
+// config.json's; every tensor present with its shape: check_hf_decoder_checkpoint), the corpus
+// (present, at least one sequence), the checkpoint to resume. Throws mlacp::Error.
 PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size);
 
 // One step's numbers (also one line of the JSONL log).
@@ -119,7 +129,8 @@ std::vector<StepRecord> read_step_log(const std::string& path);
 class Trainer {
  public:
   // `groups` must have the shape of config.mesh. Builds the model from the seed (identical on
-  // every rank), shards TP heads, installs CP (the first collective), builds AdamW, and resumes
+  // every rank), loads the HuggingFace checkpoint into it when one is given (every rank, before
+  // TP sharding), shards TP heads, installs CP (the first collective), builds AdamW, and resumes
   // from the checkpoint when asked.
   Trainer(PreparedTraining prepared, const ParallelGroups& groups);
   Trainer(const TrainConfig& config, const ParallelGroups& groups);
@@ -137,6 +148,8 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   const PackedCorpus& data() const { return *data_; }
   const ParallelGroups& groups() const { return groups_; }
+  // What was loaded from config.hf_checkpoint (nullopt without one).
+  const std::optional<HfDecoderInit>& hf_init() const { return hf_init_; }
 
  private:
   at::Tensor forward_backward(const LocalBatch& local);
@@ -151,6 +164,7 @@ class Trainer {
   BatchSampler sampler_;
   int64_t step_ = 0;
   double started_ = 0.0;
+  std::optional<HfDecoderInit> hf_init_;
 };
 
 }  // namespace mlacp::train

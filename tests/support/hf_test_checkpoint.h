@@ -1,6 +1,7 @@
 // Test helper: a small DeepSeek-style HuggingFace checkpoint (config.json in the transformers 5
 // form + every tensor a decoder would hold, attention and otherwise), as raw tensors for
-// tests/support/safetensors_writer.h.
+// tests/support/safetensors_writer.h. Also a dense decoder checkpoint with the shapes of mlacp
+// train's "test" decoder preset and the byte vocabulary (hf_test_decoder_*), to train from.
 #pragma once
 
 #include <cmath>
@@ -84,6 +85,69 @@ inline std::vector<RawTensor> hf_test_tensors(const MlaConfig& config, int64_t l
   }
   tensors.push_back(raw_tensor("model.norm.weight", filler({d}, seed + 7000)));
   tensors.push_back(raw_tensor("lm_head.weight", filler({32, d}, seed + 8000)));
+  return tensors;
+}
+
+// mlacp train's "test" decoder preset (d 32, 4 heads, Rq 16, Rkv 16, Dn 8, Dr 4, Dv 8, 2 layers,
+// SwiGLU 64) as a dense DeepSeek-V3 config.json in the transformers 5 form, vocab_size `vocab`
+// (the byte tokenizer's 256 unless a test wants another), rope "default", interleaved.
+constexpr int64_t kHfTestDecoderLayers = 2;
+constexpr int64_t kHfTestDecoderIntermediate = 64;
+inline std::string hf_test_decoder_config_json(int64_t vocab = 256, bool tie_word_embeddings = false) {
+  const nlohmann::json j = {
+      {"architectures", {"DeepseekV3ForCausalLM"}},
+      {"model_type", "deepseek_v3"},
+      {"hidden_size", 32},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 4},
+      {"q_lora_rank", 16},
+      {"kv_lora_rank", 16},
+      {"qk_nope_head_dim", 8},
+      {"qk_rope_head_dim", 4},
+      {"v_head_dim", 8},
+      {"head_dim", 4},
+      {"num_hidden_layers", kHfTestDecoderLayers},
+      {"intermediate_size", kHfTestDecoderIntermediate},
+      {"n_routed_experts", nullptr},
+      {"hidden_act", "silu"},
+      {"vocab_size", vocab},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"rms_norm_eps", 1e-6},
+      {"rope_interleave", true},
+      {"max_position_embeddings", 4096},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"dtype", "bfloat16"},
+      {"transformers_version", "5.0.0"}};
+  return j.dump(2);
+}
+
+// Every tensor of that dense decoder in HF names, in `dtype`, scaled like a trained model's
+// (norms near 1, matrices ~ 1/sqrt(fan-in)) so that a training from them is well behaved.
+inline std::vector<RawTensor> hf_test_decoder_tensors(const MlaConfig& config, int64_t layers, int64_t intermediate,
+                                                      int64_t vocab, uint64_t seed, at::ScalarType dtype) {
+  const int64_t d = config.hidden_size;
+  auto draw = [&](std::vector<int64_t> shape, uint64_t s) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(s);
+    return at::randn(shape, g, at::TensorOptions().dtype(at::kFloat));
+  };
+  auto matrix = [&](int64_t out, int64_t in, uint64_t s) { return (draw({out, in}, s) / std::sqrt(double(in))).to(dtype); };
+  auto norm = [&](uint64_t s) { return (1.0 + 0.1 * draw({d}, s)).to(dtype); };
+  std::vector<RawTensor> tensors;
+  tensors.push_back(raw_tensor("model.embed_tokens.weight", draw({vocab, d}, seed + 1000).to(dtype)));
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    tensors.push_back(raw_tensor(p + "input_layernorm.weight", norm(seed + 2000 + l)));
+    for (const auto& [name, value] : random_attention_weights(config, seed + l, dtype))
+      tensors.push_back(raw_tensor(p + "self_attn." + name, value));
+    tensors.push_back(raw_tensor(p + "post_attention_layernorm.weight", norm(seed + 3000 + l)));
+    tensors.push_back(raw_tensor(p + "mlp.gate_proj.weight", matrix(intermediate, d, seed + 4000 + l)));
+    tensors.push_back(raw_tensor(p + "mlp.up_proj.weight", matrix(intermediate, d, seed + 5000 + l)));
+    tensors.push_back(raw_tensor(p + "mlp.down_proj.weight", matrix(d, intermediate, seed + 6000 + l)));
+  }
+  tensors.push_back(raw_tensor("model.norm.weight", norm(seed + 7000)));
+  tensors.push_back(raw_tensor("lm_head.weight", matrix(vocab, d, seed + 8000)));
   return tensors;
 }
 

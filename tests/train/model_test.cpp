@@ -68,15 +68,34 @@ TEST(DecoderLm, PackedDocumentsDoNotSeeEachOther) {
 
 TEST(DecoderConfig, ReadsSizesFromConfigJson) {
   test::TempDir dir("config");
-  std::ofstream(dir.file("config.json")) << R"({"hidden_size": 24, "num_attention_heads": 2, "q_lora_rank": 8,
+  const std::string sizes = R"({"hidden_size": 24, "num_attention_heads": 2, "q_lora_rank": 8,
     "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4,
-    "num_hidden_layers": 3, "intermediate_size": 40, "vocab_size": 129280})";
+    "num_hidden_layers": 3, "intermediate_size": 40)";
+  std::ofstream(dir.file("config.json")) << sizes << R"(, "vocab_size": 256})";
   const DecoderConfig c = load_decoder_config(dir.file("config.json"));
   EXPECT_EQ(c.num_layers, 3);
   EXPECT_EQ(c.intermediate_size, 40);
-  EXPECT_EQ(c.vocab_size, 256) << "byte-level whatever the file says";
+  EXPECT_EQ(c.vocab_size, 256);
   EXPECT_EQ(c.attention.hidden_size, 24);
+  std::ofstream(dir.file("no-vocab.json")) << sizes << "}";
+  EXPECT_EQ(load_decoder_config(dir.file("no-vocab.json")).vocab_size, 256) << "the byte tokenizer's by default";
   EXPECT_THROW(decoder_preset("huge"), Error);
+}
+
+TEST(DecoderConfig, AnotherVocabularyIsAnError) {
+  // It used to be trained silently with 256 tokens.
+  test::TempDir dir("vocab");
+  std::ofstream(dir.file("config.json")) << R"({"hidden_size": 24, "num_attention_heads": 2, "q_lora_rank": 8,
+    "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4, "vocab_size": 129280})";
+  try {
+    load_decoder_config(dir.file("config.json"));
+    FAIL() << "expected mlacp::Error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mlacp train trains a byte-level model"));
+    EXPECT_THAT(e.what(), HasSubstr("vocab_size=129280"));
+    EXPECT_THAT(e.what(), HasSubstr(dir.file("config.json")));
+    EXPECT_THAT(e.what(), HasSubstr("mlacp verify --checkpoint DIR"));
+  }
 }
 
 }  // namespace
