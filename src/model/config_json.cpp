@@ -31,7 +31,8 @@ const std::set<std::string>& ignored_model_fields() {
       "num_experts_per_tok", "moe_layer_freq", "first_k_dense_replace", "norm_topk_prob",
       "scoring_func", "aux_loss_alpha", "seq_aux", "hidden_act", "initializer_range", "use_cache",
       "pad_token_id", "bos_token_id", "eos_token_id", "pretraining_tp", "tie_word_embeddings",
-      "transformers_version", "quantization_config", "num_nextn_predict_layers", "mlp_bias"};
+      "transformers_version", "quantization_config", "num_nextn_predict_layers", "mlp_bias",
+      "output_router_logits", "router_aux_loss_coef"};  // the last two: written by transformers 5 save_pretrained
   return fields;
 }
 
