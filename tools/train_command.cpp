@@ -26,6 +26,7 @@
 
 #include "core/format.h"
 #include "launcher.h"
+#include "output_file.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
 #include "table.h"
@@ -437,6 +438,7 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
 
 int run_launcher(const CommonArgs& common, const TrainArgs& args) {
   const train::PreparedTraining prepared = prepare_rank(args, args.nproc);  // errors once, before any launch
+  if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before training, not after it
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
   fs::remove(follow);
@@ -478,6 +480,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   const train::PreparedTraining p = prepare_rank(parallel, args.nproc);
   const train::PreparedTraining s = prepare_rank(single, 1);
   if (!args.reference.empty()) read_reference_log(args.reference);
+  if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before any folder or run
   fs::create_directories(args.out_dir);
   const std::string parallel_log = (fs::path(args.out_dir) / "train-parallel.jsonl").string();
   const std::string single_log = (fs::path(args.out_dir) / "train-single.jsonl").string();

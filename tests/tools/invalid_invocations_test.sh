@@ -27,6 +27,8 @@ row "it is a folder" verify --single-device --case tiny-causal --json "$work"
 row "--json must name a file that can be written" verify --nproc 2 --json "$work/a_file/x.json"
 row "--json must name a file that can be written" bench --nproc 2 --steps 1 --json "$work/missing/b.json"
 row "--json must name a file that can be written" bench-kernel --json "$work/missing/k.json"
+row "--plot must name a file that can be written" train --nproc 2 --steps 1 --seq 64 --plot "$work/missing/loss.png"
+row "--plot must name a file that can be written" train --compare --steps 1 --seq 64 --plot "$work/missing/loss.png"
 row "ulysses" verify --nproc 4 --cp 4 --ulysses 3
 row "--frozen prefix must match" verify --nproc 2 --frozen nope
 row "exclusive" verify --nproc 2 --case latent-tp2-cp2-gate --seq 64
