@@ -128,18 +128,12 @@ _ATTENTION_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads"
 
 def _config_json(config) -> str:
     """The attention's part of a transformers config, as the C++ config reader reads it (the rest of
-    the model's fields are not mlacp's). Every field that changes the attention's math is here."""
+    the model's fields are not mlacp's). Every field that changes the attention's math is here; the
+    rope settings go as the config holds them (rope_parameters, or rope_theta/rope_scaling), read by
+    the one C++ reader."""
     d = config.to_dict()
-    out = {k: d[k] for k in _ATTENTION_FIELDS if k in d and d[k] is not None or k == "q_lora_rank"}
-    rope = d.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        out["rope_theta"] = rope["rope_theta"]
-    elif "rope_theta" in d:
-        out["rope_theta"] = d["rope_theta"]
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} or d.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        out["rope_scaling"] = scaling
-    return json.dumps(out)
+    fields = _ATTENTION_FIELDS + ("rope_parameters", "rope_theta", "rope_scaling")
+    return json.dumps({k: d[k] for k in fields if k in d and (d[k] is not None or k == "q_lora_rank")})
 
 
 def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, strategy: str = "latent_kv_head",
