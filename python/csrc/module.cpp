@@ -2,6 +2,7 @@
 // Tensors cross as torch tensors (the same objects: autograd runs through the C++ nodes);
 // process groups come from torch.distributed; mlacp::Error surfaces as mlacp.MlacpError with the
 // same "mlacp: ..." text.
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -49,8 +50,8 @@ class Attention {
     const c10::DeviceType device = c10::Device(device_type).type();
     groups_ = mlacp::parallel_groups_from_c10d(cp, ulysses, ulysses_group, all_gather_group, device);
     py::gil_scoped_release release;
-    const mlacp::CpPlan plan = mlacp::parallelize(module_, groups_, options);
-    return plan.to_text();
+    plan_ = mlacp::parallelize(module_, groups_, options);
+    return plan_->to_text();
   }
 
   at::Tensor forward(const at::Tensor& hidden, const std::optional<at::Tensor>& position_ids,
@@ -67,6 +68,28 @@ class Attention {
     return module_->forward(hidden, options);
   }
 
+  // Bytes this rank put on the wire since the last reset, per transfer label (the counters of
+  // mlacp's collectives: the same ones `mlacp bench` reports). Empty before parallelize().
+  std::map<std::string, int64_t> comm_bytes() const {
+    std::map<std::string, int64_t> out;
+    if (!groups_.instruments.counters) return out;
+    for (const auto& item : groups_.instruments.counters->by_label()) out[item.first] = item.second.bytes;
+    return out;
+  }
+  // What docs/DESIGN.md §4.6 says this rank sends per layer, forward + backward, for B sequences
+  // of S tokens at `wire_bytes` per element (the reduce-scatter of 16-bit gradients travels as
+  // float32). The formula the counters are checked against by `mlacp verify`.
+  int64_t expected_comm_bytes(int64_t batch, int64_t seq_len, int64_t wire_bytes) const {
+    MLACP_REQUIRE(plan_.has_value(), "expected bytes", "the layer must be parallelized first", {},
+                  "call parallelize()");
+    const mlacp::CommVolume v = mlacp::expected_comm_elements(*plan_, batch, seq_len);
+    return (v.forward_all_to_all + v.forward_all_gather + v.forward_output + v.backward_all_to_all) * wire_bytes +
+           v.backward_reduce * std::max<int64_t>(wire_bytes, 4);
+  }
+  void reset_comm_counters() {
+    if (groups_.instruments.counters) groups_.instruments.counters->reset();
+  }
+
   std::string description() const { return module_->parallel_description(); }
   double scaling() const { return module_->scaling(); }
   std::string config_json() const { return mlacp::config_to_json(module_->config()); }
@@ -74,6 +97,7 @@ class Attention {
  private:
   mlacp::MlaAttention module_{nullptr};
   mlacp::ParallelGroups groups_;
+  std::optional<mlacp::CpPlan> plan_;
 };
 
 }  // namespace
@@ -99,6 +123,10 @@ PYBIND11_MODULE(_C, m) {
       .def("forward", &Attention::forward, py::arg("hidden"), py::arg("position_ids") = py::none(),
            py::arg("document_ends") = py::none(), py::arg("position_embeddings") = py::none(),
            py::arg("is_causal") = py::none(), py::arg("training") = true)
+      .def("comm_bytes", &Attention::comm_bytes)
+      .def("expected_comm_bytes", &Attention::expected_comm_bytes, py::arg("batch"), py::arg("seq_len"),
+           py::arg("wire_bytes"))
+      .def("reset_comm_counters", &Attention::reset_comm_counters)
       .def_property_readonly("description", &Attention::description)
       .def_property_readonly("scaling", &Attention::scaling)
       .def_property_readonly("config_json", &Attention::config_json);
