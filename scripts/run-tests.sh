@@ -2,8 +2,10 @@
 # The whole test suite, both LibTorch versions and the Python package:
 #   1. the C++ suite (CTest) against Debian's LibTorch 1.13 (build/);
 #   2. the C++ suite against the LibTorch of the PyTorch 2.15 wheel (build-torch2/), the Python
-#      package mlacp built from the same CMake project and installed into .venv, and its pytest
-#      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors).
+#      package mlacp built from the same CMake project and installed into .venv, its pytest
+#      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors) and the peer
+#      benchmark's smoke test (scripts/bench-peers.sh --quick: every system checked, mlacp exact
+#      and its bytes equal to its formula).
 # MLACP_TEST_LEGS=debian|wheel runs one leg only. Extra arguments go to both CTest runs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +29,9 @@ for leg in $legs; do
       (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
           --disable-pip-version-check --no-build-isolation --no-deps .)
-      (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .) ;;
+      (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .)
+      echo "== mlacp tests: the peer benchmark's smoke test (bench/peers --quick) =="
+      "$root/scripts/bench-peers.sh" --quick --out "$root/build-torch2/peers-quick" ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel)" >&2; exit 2 ;;
   esac
 done

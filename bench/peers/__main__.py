@@ -1,0 +1,4 @@
+"""python -m bench.peers [options]: see run.py."""
+from .run import main
+
+raise SystemExit(main())
