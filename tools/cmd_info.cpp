@@ -31,20 +31,35 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
             << (blas.is_reference ? "  [reference netlib BLAS: float32 GEMM is slow; apt-get install libopenblas0-pthread]"
                                   : "")
             << "\n";
+  std::cout << "BLAS core    " << (blas.core.empty() ? "(not reported by the library)" : blas.core) << " on a CPU with "
+            << blas.cpu << (blas.core_is_fallback ? "  [FALLBACK: see the warning after the GEMM rates]" : "") << "\n";
   const GlooProbe gloo = probe_gloo();
   std::cout << "c10d Gloo    " << (gloo.available ? "available" : "NOT available") << " (" << gloo.detail << ")\n";
   std::cout << "presets      ";
   for (const auto& name : preset_names()) std::cout << name << " ";
   std::cout << "\n";
-  if (args.skip_gemm) return 0;
+  if (args.skip_gemm) {
+    if (blas.core_is_fallback) std::cout << "warning: " << blas.core_detail << "; float32 GEMMs run far below this CPU's rate\n";
+    return 0;
+  }
   std::cout << "\n";
   Table table({"GEMM", "n", "median ms", "GFLOP/s"});
+  double float32_gflops = 0.0;
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     const GemmRate rate = measure_gemm(dtype, args.gemm_size);
+    if (dtype == at::kFloat) float32_gflops = rate.gflops;
     table.add({dtype == at::kFloat ? "float32" : "bfloat16", std::to_string(rate.size), fixed(rate.median_ms, 2),
                fixed(rate.gflops, 1)});
   }
   table.print(std::cout);
+  if (blas.core_is_fallback) {
+    std::cout << "\nwarning: " << blas.core_detail << ": float32 GEMM measured " << fixed(float32_gflops, 1)
+              << " GFLOP/s on " << at::get_num_threads() << " thread(s), far below this CPU's rate; the projections of\n"
+              << "  every float32 step run at it.\n"
+              << "  Way out: a BLAS that recognises this CPU (e.g. a newer OpenBLAS), or OpenBLAS's own override\n"
+              << "  OPENBLAS_CORETYPE=" << (blas.cpu == "AVX-512" ? "SkylakeX" : "Haswell")
+              << " (check its results first: some processors set it because older builds compute wrong results there).\n";
+  }
   return 0;
 }
 
