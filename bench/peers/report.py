@@ -131,7 +131,8 @@ def _plot(out: str, records: list[dict]) -> None:
 def write(out: str, meta: dict, records: list[dict]) -> None:
     _derive(records)
     for r in records:
-        r.pop("trace", None) if r.get("status") == "ok" else None
+        if r.get("status") == "ok":
+            r.pop("trace", None)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(dict(meta=meta, records=records), f, indent=1)
     lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['backend']}; "

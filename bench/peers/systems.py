@@ -8,7 +8,6 @@ written from the scheme's description (checked against the wrapped collectives i
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Optional
 
