@@ -44,12 +44,6 @@ def make_layer(max_seq: int, seed: int = 0) -> tuple[DeepseekV3Attention, Deepse
     return layer, DeepseekV3RotaryEmbedding(config)
 
 
-def parameter_names() -> list[tuple[str, tuple]]:
-    """The layer's parameters in order (name, shape): the order every system's gradients use."""
-    layer = DeepseekV3Attention(make_config(4096), layer_idx=0)
-    return [(n, tuple(p.shape)) for n, p in layer.named_parameters()]
-
-
 def copy_layer(layer: DeepseekV3Attention, attn: str) -> DeepseekV3Attention:
     """An independent copy (own parameters and gradients) whose attention core is `attn`."""
     c = copy.deepcopy(layer)
@@ -77,26 +71,18 @@ def causal_mask(seq: int) -> torch.Tensor:
     return torch.full((seq, seq), float("-inf")).triu(1)[None, None]
 
 
-def local_rows(seq: int, partition: str, p: int, rank: int) -> torch.Tensor:
-    """The global token indices this rank holds (contiguous: block r; head_tail: chunks r, 2P-1-r)."""
-    if partition == "contiguous":
-        n = seq // p
-        return torch.arange(rank * n, (rank + 1) * n)
-    n = seq // (2 * p)
-    return torch.cat((torch.arange(rank * n, (rank + 1) * n), torch.arange((2 * p - 1 - rank) * n, (2 * p - rank) * n)))
-
-
 def shard(t: torch.Tensor, partition: str, p: int, rank: int) -> torch.Tensor:
-    return t.index_select(1, local_rows(t.shape[1], partition, p, rank)).contiguous()
+    """This rank's rows along dim 1 (contiguous: block r; head_tail: chunks r, 2P-1-r): mlacp's own
+    sharding, which every system's partition names."""
+    from mlacp import _C
+
+    return _C.shard_sequence(t, partition, p, rank, 1).contiguous()
 
 
 def unshard(shards: list[torch.Tensor], partition: str) -> torch.Tensor:
-    p = len(shards)
-    seq = shards[0].shape[1] * p
-    out = torch.empty((shards[0].shape[0], seq) + tuple(shards[0].shape[2:]), dtype=shards[0].dtype)
-    for r, s in enumerate(shards):
-        out[:, local_rows(seq, partition, p, r)] = s
-    return out
+    from mlacp import _C
+
+    return _C.unshard_sequence(shards, partition, 1)
 
 
 def autocast(dtype: str):

@@ -2,7 +2,7 @@
 
 Every system runs on each rank's tokens: ``forward(x_local, cos_local, sin_local)`` returns this
 rank's rows of the layer output, autograd-connected to ``x_local`` and the system's own copy of the
-layer's parameters. ``partition`` says which global rows a rank holds (``job.local_rows``).
+layer's parameters. ``partition`` says which global rows a rank holds (``job.shard``).
 ``formula_bytes`` is what the scheme should put on the wire per rank per layer, forward+backward,
 written from the scheme's description (checked against the wrapped collectives in the report).
 """

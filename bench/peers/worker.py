@@ -48,6 +48,7 @@ class Runner:
         self.bytes.install()
         self.memory = MemoryMeter()
         self.layer, self.rotary = job.make_layer(max(opts["seqs"]))
+        self.parameter_names = [n for n, _ in self.layer.named_parameters()]  # every system's gradient order
         self.records: list[dict] = []
         self.reference: dict = {}  # rank 0: (S, dtype) -> (out, dx, grads) of the single process
         self.systems = []
@@ -83,22 +84,21 @@ class Runner:
         (exact_memory if (collect if exact is None else exact) else timing_memory)()
         dist.barrier()
         if runs_here:
+            context_parallel = isinstance(s, systems_mod.TorchContextParallel)
+            if not context_parallel:  # this rank's inputs, sharded before the clock starts
+                local = {k: (job.shard(v, s.partition, self.p, self.rank) if s.parallel else v.clone())
+                         for k, v in data.items()}
             s.reset_bytes()
             self.memory.start()
             self.bytes.start()
             try:
                 t0 = now()
                 with job.autocast(dtype):
-                    if isinstance(s, systems_mod.TorchContextParallel):
+                    if context_parallel:
                         out, dx = s.step(data["x"], data["cos"], data["sin"], data["d_out"])
-                        x_local = None
                     else:
-                        part = s.partition if s.parallel else None
-                        x_local = (job.shard(data["x"], part, self.p, self.rank) if part else data["x"].clone())
+                        x_local, cos, sin, d_out = (local[k] for k in ("x", "cos", "sin", "d_out"))
                         x_local.requires_grad_(True)
-                        cos = job.shard(data["cos"], part, self.p, self.rank) if part else data["cos"]
-                        sin = job.shard(data["sin"], part, self.p, self.rank) if part else data["sin"]
-                        d_out = job.shard(data["d_out"], part, self.p, self.rank) if part else data["d_out"]
                         out = s.forward(x_local, cos, sin)
                         out.backward(d_out.to(out.dtype))
                         dx = x_local.grad
@@ -135,12 +135,10 @@ class Runner:
         return result
 
     # --- checks -----------------------------------------------------------------------------
-    @staticmethod
-    def _rel_error(res: dict, ref: tuple) -> tuple[float, str]:
+    def _rel_error(self, res: dict, ref: tuple) -> tuple[float, str]:
         worst, where = 0.0, ""
         pairs = [("output", res["out"], ref[0]), ("dX", res["dx"], ref[1])]
-        names = [n for n, _ in job.parameter_names()]
-        pairs += [(f"d {n}", a, b) for n, a, b in zip(names, res["grads"], ref[2])]
+        pairs += [(f"d {n}", a, b) for n, a, b in zip(self.parameter_names, res["grads"], ref[2])]
         for name, a, b in pairs:
             e = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
             if e > worst or not where:
