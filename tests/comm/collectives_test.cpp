@@ -649,7 +649,10 @@ TEST_P(Collectives, EmulatedLinkDelaysCompletionAndWaitSleeps) {
     // The wait sleeps: CPU time used while waiting is far below the wall time.
     EXPECT_GT(waited, 0.1);
     EXPECT_LT(thread_cpu1 - thread_cpu0, 0.2 * waited) << "waiting thread spun";
-    EXPECT_LT(process_cpu, 0.5 * waited) << "process CPU during the wait";
+    // The whole process includes Gloo's receiving threads, whose CPU is theirs, not the wait's
+    // (measured 0.08 s in a 0.15 s wait on a loaded 2-core CI machine): bounded by one core, so a
+    // spin on any thread still fails.
+    EXPECT_LT(process_cpu, 1.0 * waited) << "process CPU during the wait";
     // Every kind is delayed, including all-gathers (bytes = numel * 4 * (G-1)).
     at::Tensor small = at::ones({1, 10, 4, 25});
     const int64_t gathered = small.numel() * 4 * (G - 1);
