@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "comm/gloo_probe.h"
+#include "kernels/float32_gemm.h"
 #include "kernels/gemm_rate.h"
 #include "mlacp/config.h"
 #include "table.h"
@@ -27,19 +28,26 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
   std::cout << "allocator    " << host_allocator_policy().detail
             << (host_allocator_policy().applied ? " (MLACP_HOST_ALLOCATOR=system keeps glibc's defaults)" : "") << "\n";
   const BlasInfo blas = loaded_blas();
+  const Float32GemmRoute& route = float32_gemm_route();
+  const bool routed_away = route.routed && route.engine == Float32GemmEngine::kOneDnn;
   std::cout << "BLAS         " << blas.library
             << (blas.is_reference ? "  [reference netlib BLAS: float32 GEMM is slow; apt-get install libopenblas0-pthread]"
                                   : "")
             << "\n";
   std::cout << "BLAS core    " << (blas.core.empty() ? "(not reported by the library)" : blas.core) << " on a CPU with "
-            << blas.cpu << (blas.core_is_fallback ? "  [FALLBACK: see the warning after the GEMM rates]" : "") << "\n";
+            << blas.cpu
+            << (blas.core_is_fallback ? routed_away ? "  [fallback core: LibTorch's float32 GEMMs do not use it, next line]"
+                                                    : "  [FALLBACK: see the warning after the GEMM rates]"
+                                      : "")
+            << "\n";
+  std::cout << "float32 GEMM " << route.detail << "\n";
   const GlooProbe gloo = probe_gloo();
   std::cout << "c10d Gloo    " << (gloo.available ? "available" : "NOT available") << " (" << gloo.detail << ")\n";
   std::cout << "presets      ";
   for (const auto& name : preset_names()) std::cout << name << " ";
   std::cout << "\n";
   if (args.skip_gemm) {
-    if (blas.core_is_fallback) std::cout << "warning: " << blas.core_detail << "; float32 GEMMs run far below this CPU's rate\n";
+    if (blas.core_is_fallback && !routed_away) std::cout << "warning: " << blas.core_detail << "; float32 GEMMs run far below this CPU's rate\n";
     return 0;
   }
   std::cout << "\n";
@@ -52,11 +60,12 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
                fixed(rate.gflops, 1)});
   }
   table.print(std::cout);
-  if (blas.core_is_fallback) {
+  if (blas.core_is_fallback && !routed_away) {
     std::cout << "\nwarning: " << blas.core_detail << ": float32 GEMM measured " << fixed(float32_gflops, 1)
               << " GFLOP/s on " << at::get_num_threads() << " thread(s), far below this CPU's rate; the projections of\n"
               << "  every float32 step run at it.\n"
-              << "  Way out: a BLAS that recognises this CPU (e.g. a newer OpenBLAS), or OpenBLAS's own override\n"
+              << "  Way out: " << (route.routed ? "unset MLACP_FLOAT32_GEMM (oneDNN then runs them), " : "")
+              << "a BLAS that recognises this CPU (e.g. a newer OpenBLAS), or OpenBLAS's own override\n"
               << "  OPENBLAS_CORETYPE=" << (blas.cpu == "AVX-512" ? "SkylakeX" : "Haswell")
               << " (check its results first: some processors set it because older builds compute wrong results there).\n";
   }

@@ -14,6 +14,7 @@
 #include "train_command.h"
 #include "mlacp/errors.h"
 #include "core/host_allocator.h"
+#include "kernels/float32_gemm.h"
 #include "core/threads.h"
 
 namespace mlacp::tools {
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    mlacp::float32_gemm_setting();  // MLACP_FLOAT32_GEMM checked before any GEMM runs
     if (info_cmd->parsed()) return run_info(common, info);
     if (verify_cmd->parsed()) return run_verify(common, verify);
     if (bench_cmd->parsed()) return run_bench(common, bench);

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include <ATen/Parallel.h>
@@ -17,7 +18,10 @@ SetThreads openblas_setter() {
       reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   return setter;
 }
+std::atomic<int> g_intra_op_threads{0};
 }  // namespace
+
+int intra_op_threads() { return g_intra_op_threads.load(std::memory_order_relaxed); }
 
 bool blas_threads_settable() { return openblas_setter() != nullptr; }
 
@@ -39,6 +43,7 @@ bool use_batch_scheduling() {
 
 void set_intra_op_threads(int threads) {
   at::set_num_threads(threads);
+  g_intra_op_threads.store(threads, std::memory_order_relaxed);
   if (SetThreads setter = openblas_setter()) setter(threads);
 }
 

@@ -8,6 +8,10 @@ namespace mlacp {
 // this host compute on (measured: ~40% of a 2-rank step on a 2-core host).
 void set_intra_op_threads(int threads);
 
+// The count last given to set_intra_op_threads (0: never set). Read by code that runs a BLAS
+// outside LibTorch's pool (kernels/float32_gemm.cpp) from threads LibTorch's setting does not reach.
+int intra_op_threads();
+
 // Whether the BLAS library's thread count could be set (false: no OpenBLAS loaded).
 bool blas_threads_settable();
 
