@@ -17,6 +17,7 @@
 #include "core/memory_probe.h"
 #include "kernels/blockwise_attention.h"
 #include "kernels/gemm_rate.h"
+#include "mlacp/errors.h"
 #include "table.h"
 
 namespace mlacp::tools {
@@ -68,8 +69,27 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+const std::vector<std::pair<std::string, BlockwisePath>> kPaths = {
+    {"automatic", BlockwisePath::automatic},
+    {"float32_portable", BlockwisePath::float32_portable},
+    {"float32_avx512", BlockwisePath::float32_avx512},
+    {"bf16_avx512", BlockwisePath::bf16_avx512},
+    {"bf16_via_f32_avx512", BlockwisePath::bf16_via_f32_avx512}};
+
+BlockwisePath path_of(const std::string& name) {
+  for (const auto& [n, p] : kPaths)
+    if (n == name) return p;
+  return BlockwisePath::automatic;
+}
+
+// Whether a forced path computes this dtype (bf16 paths: bfloat16; float32 paths: float32).
+bool computes(const std::string& path, const std::string& dtype) {
+  if (path == "automatic") return true;
+  return (path.rfind("bf16", 0) == 0) == (dtype == "bfloat16");
+}
+
 Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_name, const std::string& mask,
-               bool backward, double gemm_gflops) {
+               bool backward, double gemm_gflops, BlockwisePath path) {
   const at::ScalarType dtype = dtype_of(dtype_name);
   const bool causal = mask == "causal";
   at::manual_seed(0);
@@ -80,7 +100,7 @@ Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_nam
   const AttentionStructure st = structure_for(s, causal);
   BlockwiseStats stats;
   BlockwiseOptions opt;
-  opt.block_q = a.block_q, opt.block_k = a.block_k, opt.stats = &stats;
+  opt.block_q = a.block_q, opt.block_k = a.block_k, opt.stats = &stats, opt.path = path;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(a.dqk));
   Row row;
   row.seq = s, row.dtype = dtype_name, row.mask = mask, row.pass = backward ? "fwd+bwd" : "fwd";
@@ -160,12 +180,31 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
   cmd->add_option("--block-q", args.block_q, "query rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
   cmd->add_option("--block-k", args.block_k, "key rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
   cmd->add_flag("--skip-backward", args.skip_backward, "time the forward only");
+  std::vector<std::string> path_names;
+  for (const auto& [name, path] : kPaths) path_names.push_back(name);
+  cmd->add_option("--path", args.paths,
+                  "kernel code paths (comma-separated; automatic = the kernel's choice; each runs for the dtypes "
+                  "it computes)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(path_names));
   cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE");
   return cmd;
 }
 
 int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
   if (!args.json_path.empty()) check_output_file("--json", args.json_path);
+  for (const std::string& path : args.paths) {
+    bool used = false;
+    for (const std::string& dtype : args.dtypes) used = used || computes(path, dtype);
+    std::string dtypes;
+    for (const std::string& d : args.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
+    MLACP_REQUIRE(used, "bench-kernel --path", "each path must compute one of the --dtype values",
+                  {got("--path", path), got("--dtype", dtypes)},
+                  "bf16_* paths need --dtype bfloat16, float32_* paths --dtype float32");
+    MLACP_REQUIRE(path_supported(path_of(path)), "bench-kernel --path",
+                  "the path needs CPU features this machine lacks", {got("--path", path)},
+                  "mlacp info lists the CPU's extensions; use automatic");
+  }
   apply_threads(common);
   install_memory_probe();
   const int threads = at::get_num_threads();
@@ -182,11 +221,12 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
   for (int64_t s : args.seq_lens)
     for (const std::string& dtype : args.dtypes)
       for (const std::string& mask : args.masks)
-        for (bool backward : {false, true}) {
-          if (backward && args.skip_backward) continue;
-          const double gemm_gflops = measure_gemm(dtype_of(dtype), args.gemm_size).gflops;
-          rows.push_back(bench_case(args, s, dtype, mask, backward, gemm_gflops));
-        }
+        for (const std::string& path : args.paths)
+          for (bool backward : {false, true}) {
+            if ((backward && args.skip_backward) || !computes(path, dtype)) continue;
+            const double gemm_gflops = measure_gemm(dtype_of(dtype), args.gemm_size).gflops;
+            rows.push_back(bench_case(args, s, dtype, mask, backward, gemm_gflops, path_of(path)));
+          }
 
   std::cout << "blockwise attention, B=" << args.batch << " H=" << args.heads << " Dqk=" << args.dqk
             << " Dv=" << args.dv << ", " << threads << " threads, BLAS " << blas.library << "\n"
@@ -194,7 +234,10 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
             << "ratio = kernel GFLOP/s / GEMM GFLOP/s (" << args.gemm_size
             << "^3, same dtype and threads, measured just before the row); "
             << "temporaries = peak extra tensor bytes minus out (and dq, dk, dv); "
-            << "cpu = process CPU time / (wall x threads) during the kernel (< 0.9: other processes took cores)\n\n";
+            << "cpu = process CPU time / (wall x threads) during the kernel (< 0.9: other processes took cores)\n";
+  if (std::find(args.dtypes.begin(), args.dtypes.end(), "bfloat16") != args.dtypes.end())
+    std::cout << "bf16 path (automatic): " << bf16_path_choice().reason << "\n";
+  std::cout << "\n";
   Table table({"S", "dtype", "mask", "pass", "path", "median ms", "GFLOP/s", "GEMM GFLOP/s", "ratio",
                "peak extra MiB", "temporaries MiB", "tiles", "cpu"});
   nlohmann::json json_rows = nlohmann::json::array();
@@ -211,6 +254,7 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
         {"command", "bench-kernel"},
         {"threads", threads},
         {"blas", blas.library},
+        {"bf16_path_choice", bf16_path_choice().reason},
         {"shape", {{"batch", args.batch}, {"heads", args.heads}, {"dqk", args.dqk}, {"dv", args.dv}}},
         {"flop_convention", kConvention},
         {"repeats", args.repeats},

@@ -27,6 +27,9 @@ struct KernelBenchArgs {
   int64_t gemm_size = 2048;
   int64_t block_q = 0, block_k = 0;  // 0: the kernel's defaults
   bool skip_backward = false;
+  // Kernel code paths to time (automatic: the kernel's own choice); each runs for the dtypes it
+  // computes (float32 paths for float32, bf16 paths for bfloat16).
+  std::vector<std::string> paths{"automatic"};
   std::string json_path;
 };
 

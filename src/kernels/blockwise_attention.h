@@ -32,10 +32,29 @@ namespace mlacp {
 // Which compiled code path runs. `automatic` picks the fastest the CPU supports:
 //   float64                      -> float64_portable
 //   float32                      -> float32_avx512 (AVX-512F) or float32_portable
-//   bf16 inputs / bf16 autocast  -> bf16_avx512 (AVX-512-BF16: bf16 products, float32 sums),
-//                                   else computed in float32 from the bf16-rounded inputs
-enum class BlockwisePath { automatic, float64_portable, float32_portable, float32_avx512, bf16_avx512 };
+//   bf16 inputs / bf16 autocast  -> bf16_avx512 (AVX-512-BF16 dot products: bf16 products,
+//                                   float32 sums) where that instruction outruns the CPU's float32
+//                                   FMAs, else bf16_via_f32_avx512 (the bf16 values on float32
+//                                   FMAs: exact products, float32 sums, P and dS kept in float32),
+//                                   else float32_portable on the bf16 values
+enum class BlockwisePath {
+  automatic,
+  float64_portable,
+  float32_portable,
+  float32_avx512,
+  bf16_avx512,
+  bf16_via_f32_avx512
+};
 std::string path_name(BlockwisePath path);
+
+// The bf16 path `automatic` takes on this CPU and the measurement behind it (once per process).
+struct Bf16PathChoice {
+  BlockwisePath path = BlockwisePath::float32_portable;
+  double dot_gflops = 0;  // AVX-512-BF16 micro-kernel, one thread (0: no AVX-512-BF16)
+  double fma_gflops = 0;  // float32 AVX-512 micro-kernel, one thread (0: not measured)
+  std::string reason;     // one line for bench-kernel and info
+};
+Bf16PathChoice bf16_path_choice();
 
 // Counters of one call, filled when BlockwiseOptions::stats is set. A "block" is one
 // (batch, head, query block, key block) tile.

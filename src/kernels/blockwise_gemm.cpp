@@ -2,6 +2,9 @@
 // driver that tiles C over them (instantiated per path), and the AVX-512 row helpers.
 #include "kernels/blockwise_gemm.h"
 
+#include <chrono>
+#include <vector>
+
 namespace mlacp::blockwise_detail {
 
 #if MLACP_X86
@@ -12,6 +15,15 @@ MLACP_AVX512BF16 void f32_to_bf16_avx512(const float* src, int64_t n, c10::BFloa
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(h));
   }
   for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
+}
+
+MLACP_AVX512 void bf16_to_f32_avx512(const c10::BFloat16* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
 // dst[2n + h] = row_h[n] for n < w (row1 may be null: zeros; columns ≥ valid: zeros).
@@ -190,7 +202,49 @@ MLACP_GEMM(F32Portable)
 #if MLACP_X86
 MLACP_GEMM(F32Avx512)
 MLACP_GEMM(Bf16Avx512)
+MLACP_GEMM(Bf16ViaF32Avx512)
 #endif
 #undef MLACP_GEMM
+
+bool bf16_dot_outruns_f32_fma(double* dot_gflops, double* fma_gflops) {
+  struct Rates {
+    double dot = 0, fma = 0;
+    bool dot_wins = false;
+  };
+  static const Rates rates = [] {
+    Rates r;
+#if MLACP_X86
+    if (!cpu_has_avx512_bf16()) return r;
+    // One full 4 x 64 micro-tile over K = 128 (B panels of 16 KiB bf16 / 32 KiB float32, in
+    // cache), called back to back; best of 5 interleaved rounds of each.
+    constexpr int64_t k = 128, calls = 1500;
+    std::vector<float> a32(kMR * k, 0.5f), b32(k * kNR, 0.25f), c(kMR * kNR);
+    std::vector<c10::BFloat16> a16(kMR * k, c10::BFloat16(0.5f)), b16(k * kNR, c10::BFloat16(0.25f));
+    const double flops = 2.0 * kMR * kNR * k * calls;
+    auto time = [&](auto&& body) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < calls; ++i) body();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    double best_dot = 1e30, best_fma = 1e30;
+    for (int round = 0; round < 5; ++round) {
+      best_fma = std::min(best_fma, time([&] {
+        kUkF32[kMR - 1][kNV - 1](k, a32.data(), k, 1, b32.data(), kNR, c.data(), kNR, 16, false);
+      }));
+      best_dot = std::min(best_dot, time([&] {
+        kUkBf16[kMR - 1][kNV - 1](k / 2, a16.data(), k, 2, b16.data(), 2 * kNR, c.data(), kNR, 16, false);
+      }));
+    }
+    volatile float sink = c[0];
+    (void)sink;
+    r.dot = flops / best_dot * 1e-9, r.fma = flops / best_fma * 1e-9;
+    r.dot_wins = r.dot >= 1.25 * r.fma;
+#endif
+    return r;
+  }();
+  if (dot_gflops) *dot_gflops = rates.dot;
+  if (fma_gflops) *fma_gflops = rates.fma;
+  return rates.dot_wins;
+}
 
 }  // namespace mlacp::blockwise_detail

@@ -38,6 +38,8 @@ inline Dst convert_elem(Src x) {
 #if MLACP_X86
 // float32 → bf16 (round to nearest even), 16 lanes at a time.
 MLACP_AVX512BF16 void f32_to_bf16_avx512(const float* src, int64_t n, c10::BFloat16* dst);
+// bf16 → float32 (exact), 16 lanes at a time.
+MLACP_AVX512 void bf16_to_f32_avx512(const c10::BFloat16* src, int64_t n, float* dst);
 #endif
 
 template <class P>
@@ -54,9 +56,20 @@ void convert_row(const char* src, at::ScalarType dtype, int64_t n, typename P::E
         break;
       }
 #endif
+      if constexpr (P::kRoundBf16) {  // bf16 autocast on float32 inputs: the bf16 value, held as E
+        for (int64_t i = 0; i < n; ++i)
+          dst[i] = static_cast<E>(static_cast<float>(c10::BFloat16(reinterpret_cast<const float*>(src)[i])));
+        break;
+      }
       for (int64_t i = 0; i < n; ++i) dst[i] = convert_elem<E>(reinterpret_cast<const float*>(src)[i]);
       break;
     default:
+#if MLACP_X86
+      if constexpr (P::kAvx && std::is_same_v<E, float>) {
+        bf16_to_f32_avx512(reinterpret_cast<const c10::BFloat16*>(src), n, dst);
+        break;
+      }
+#endif
       for (int64_t i = 0; i < n; ++i) dst[i] = convert_elem<E>(reinterpret_cast<const c10::BFloat16*>(src)[i]);
   }
 }
@@ -106,7 +119,7 @@ RowsE<typename P::E> rows_as(const Rows4& src, int64_t b, int64_t h, int64_t s0,
                              typename P::E* scratch, bool a_operand) {
   using E = typename P::E;
   const bool pairs_ok = !P::kPairs || !a_operand || (d % 2 == 0 && src.ss % 2 == 0);
-  if (src.dtype == scalar_type_of<E>() && pairs_ok) return {reinterpret_cast<const E*>(src.row(b, h, s0)), src.ss};
+  if (src.dtype == scalar_type_of<E>() && pairs_ok && !P::kRoundBf16) return {reinterpret_cast<const E*>(src.row(b, h, s0)), src.ss};
   const int64_t ld = P::kPairs ? round_up(d, 2) : d;
   for (int64_t r = 0; r < n; ++r) {
     convert_row<P>(src.row(b, h, s0 + r), src.dtype, d, scratch + r * ld);
@@ -189,5 +202,10 @@ void pack_b_cols(RowsE<typename P::E> rows, int64_t n, int64_t k, typename P::E*
 template <class P>
 void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, int64_t cs, const typename P::E* b,
           typename P::Acc* c, int64_t ldc, bool accumulate, int64_t n_store = 0);
+
+// Whether this CPU's AVX-512-BF16 dot product (vdpbf16ps: 2 products per lane) outruns its
+// float32 FMAs in arithmetic per second by a clear margin (1.25x): timed once per process on the
+// two micro-kernels over cache-resident panels. Fills the measured rates (GFLOP/s, one thread).
+bool bf16_dot_outruns_f32_fma(double* dot_gflops = nullptr, double* fma_gflops = nullptr);
 
 }  // namespace mlacp::blockwise_detail

@@ -45,24 +45,40 @@ struct F64Portable {
   using Acc = double;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
+  static constexpr bool kRoundBf16 = false;
 };
 struct F32Portable {
   using E = float;
   using Acc = float;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
+  static constexpr bool kRoundBf16 = false;
 };
 struct F32Avx512 {
   using E = float;
   using Acc = float;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = true;
+  static constexpr bool kRoundBf16 = false;
 };
+// bf16 products and float32 sums in AVX-512-BF16's dot-product instruction.
 struct Bf16Avx512 {
   using E = c10::BFloat16;
   using Acc = float;
   static constexpr bool kPairs = true;
   static constexpr bool kAvx = true;
+  static constexpr bool kRoundBf16 = false;
+};
+// bf16 semantics on float32 FMAs: operands are bf16 values (bf16 tensors widened; float32
+// inputs under bf16 autocast rounded to bf16 first) held as float32, so each product is exact
+// and the sums are float32; P and dS stay float32. On CPUs whose bf16 dot product is slower than
+// their float32 FMAs (bf16_path_choice) this is the fast bf16 path.
+struct Bf16ViaF32Avx512 {
+  using E = float;
+  using Acc = float;
+  static constexpr bool kPairs = false;
+  static constexpr bool kAvx = true;
+  static constexpr bool kRoundBf16 = true;
 };
 
 template <class T>

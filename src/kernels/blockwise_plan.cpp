@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/compat.h"
+#include "kernels/blockwise_gemm.h"
 #include "kernels/blockwise_isa.h"
 #include "mlacp/errors.h"
 
@@ -66,15 +67,16 @@ BlockwisePath choose_path(const at::Tensor& q, BlockwisePath requested) {
                   {got("path", path_name(requested))}, "use BlockwisePath::automatic");
     const bool ok = q.scalar_type() == at::kDouble ? requested == BlockwisePath::float64_portable
                                                    : requested != BlockwisePath::float64_portable &&
-                                                         (bf16 || requested != BlockwisePath::bf16_avx512);
+                                                         (bf16 || (requested != BlockwisePath::bf16_avx512 &&
+                                                                   requested != BlockwisePath::bf16_via_f32_avx512));
     MLACP_REQUIRE(ok, kWhat, "the requested code path does not compute this dtype",
                   {got("path", path_name(requested)), got("dtype", c10::toString(q.scalar_type())),
                    got("bf16_autocast", autocast_bf16)},
-                  "float64 runs float64_portable; bf16_avx512 needs bf16 inputs or bf16 autocast");
+                  "float64 runs float64_portable; the bf16 paths need bf16 inputs or bf16 autocast");
     return requested;
   }
   if (q.scalar_type() == at::kDouble) return BlockwisePath::float64_portable;
-  if (bf16 && cpu_has_avx512_bf16()) return BlockwisePath::bf16_avx512;
+  if (bf16) return bf16_path_choice().path;
   return cpu_has_avx512() ? BlockwisePath::float32_avx512 : BlockwisePath::float32_portable;
 }
 
@@ -208,14 +210,37 @@ std::string path_name(BlockwisePath path) {
     case BlockwisePath::float32_portable: return "float32_portable";
     case BlockwisePath::float32_avx512: return "float32_avx512";
     case BlockwisePath::bf16_avx512: return "bf16_avx512";
+    case BlockwisePath::bf16_via_f32_avx512: return "bf16_via_f32_avx512";
   }
   return "unknown";
+}
+
+Bf16PathChoice bf16_path_choice() {
+  Bf16PathChoice c;
+  const bool dot_wins = blockwise_detail::bf16_dot_outruns_f32_fma(&c.dot_gflops, &c.fma_gflops);
+  auto rates = [&] {
+    return " (micro-kernels on one thread: bf16 dot product " + std::to_string(static_cast<int>(c.dot_gflops + 0.5)) +
+           " GFLOP/s, float32 FMA " + std::to_string(static_cast<int>(c.fma_gflops + 0.5)) + ")";
+  };
+  if (dot_wins) {
+    c.path = BlockwisePath::bf16_avx512;
+    c.reason = "bf16_avx512: the AVX-512-BF16 dot product outruns float32 FMAs" + rates();
+  } else if (cpu_has_avx512()) {
+    c.path = BlockwisePath::bf16_via_f32_avx512;
+    c.reason = cpu_has_avx512_bf16()
+                   ? "bf16_via_f32_avx512: this CPU's bf16 dot product is not faster than its float32 FMAs" + rates()
+                   : std::string("bf16_via_f32_avx512: no AVX-512-BF16 on this CPU");
+  } else {
+    c.reason = "float32_portable: no AVX-512 on this CPU";
+  }
+  return c;
 }
 
 bool path_supported(BlockwisePath path) {
   switch (path) {
     case BlockwisePath::float32_avx512: return cpu_has_avx512();
     case BlockwisePath::bf16_avx512: return cpu_has_avx512_bf16();
+    case BlockwisePath::bf16_via_f32_avx512: return cpu_has_avx512();
     default: return true;
   }
 }

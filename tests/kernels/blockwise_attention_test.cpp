@@ -158,6 +158,14 @@ std::vector<BlockwisePath> float32_paths() {
   return paths;
 }
 
+// The bf16 paths this CPU runs, forced, after the kernel's own choice.
+std::vector<BlockwisePath> bf16_paths() {
+  std::vector<BlockwisePath> paths{BlockwisePath::automatic};
+  for (BlockwisePath p : {BlockwisePath::bf16_avx512, BlockwisePath::bf16_via_f32_avx512})
+    if (path_supported(p)) paths.push_back(p);
+  return paths;
+}
+
 TEST(BlockwiseAttention, Float64EqualsReferenceForEveryMaskKind) {
   for (int threads : {1, 3}) {
     ThreadsGuard guard(threads);
@@ -192,7 +200,7 @@ TEST(BlockwiseAttention, Float32EqualsReferenceOnEveryPath) {
 
 // bf16: the blockwise kernel under bf16 autocast (and on bf16 tensors) may err at most twice as
 // much as the reference does under the same autocast, both measured against float64.
-void expect_bf16_within_twice_the_reference(Case c, int64_t dqk, int64_t dv) {
+void expect_bf16_within_twice_the_reference(Case c, int64_t dqk, int64_t dv, BlockwisePath path) {
   c.dqk = dqk, c.dv = dv;  // enough elements for stable error norms
   const Inputs in = make_inputs(c, 3);
   const Outcome truth = reference_run(c, in);
@@ -200,12 +208,13 @@ void expect_bf16_within_twice_the_reference(Case c, int64_t dqk, int64_t dv) {
   {
     compat::AutocastGuard autocast(c10::DeviceType::CPU, true, at::kBFloat16);
     ref_bf16 = reference_run(c, in, at::kFloat);
-    ours_autocast = blockwise_run(c, in, at::kFloat, BlockwisePath::automatic);
+    ours_autocast = blockwise_run(c, in, at::kFloat, path);
   }
-  const Outcome ours_bf16 = blockwise_run(c, in, at::kBFloat16, BlockwisePath::automatic);
+  const Outcome ours_bf16 = blockwise_run(c, in, at::kBFloat16, path);
   const std::vector<std::pair<const char*, at::Tensor Outcome::*>> parts{
       {"out", &Outcome::out}, {"dq", &Outcome::dq}, {"dk", &Outcome::dk}, {"dv", &Outcome::dv}};
-  const std::string what = c.name + " Dqk=" + std::to_string(dqk) + " Dv=" + std::to_string(dv) + " ";
+  const std::string what =
+      c.name + " Dqk=" + std::to_string(dqk) + " Dv=" + std::to_string(dv) + " " + path_name(path) + " ";
   for (const auto& [name, member] : parts) {
     const double ref_err = rel_norm(ref_bf16.*member, truth.*member);
     EXPECT_LE(rel_norm(ours_autocast.*member, truth.*member), 2 * ref_err) << what << name << " autocast";
@@ -216,9 +225,45 @@ void expect_bf16_within_twice_the_reference(Case c, int64_t dqk, int64_t dv) {
 
 TEST(BlockwiseAttention, Bf16WithinTwiceTheReferenceAutocastError) {
   ThreadsGuard guard(2);
-  for (const Case& c : cases()) {
-    expect_bf16_within_twice_the_reference(c, 48, 32);
-    expect_bf16_within_twice_the_reference(c, 47, 33);  // odd widths: bf16 pairs need padding
+  for (BlockwisePath path : bf16_paths())
+    for (const Case& c : cases()) {
+      expect_bf16_within_twice_the_reference(c, 48, 32, path);
+      expect_bf16_within_twice_the_reference(c, 47, 33, path);  // odd widths: bf16 pairs need padding
+    }
+}
+
+TEST(BlockwiseAttention, Bf16PathChoiceIsARunnablePathWithItsMeasurement) {
+  const Bf16PathChoice c = bf16_path_choice();
+  EXPECT_TRUE(path_supported(c.path)) << c.reason;
+  EXPECT_NE(c.reason.find(path_name(c.path)), std::string::npos) << c.reason;
+  if (c.path == BlockwisePath::bf16_avx512) EXPECT_GE(c.dot_gflops, 1.25 * c.fma_gflops) << c.reason;
+  if (c.dot_gflops > 0 && c.path != BlockwisePath::bf16_avx512) EXPECT_LT(c.dot_gflops, 1.25 * c.fma_gflops) << c.reason;
+  Case k{"choice", 1, 2, 20, 20, 8, 6, true};
+  BlockwiseStats stats;
+  blockwise_run(k, make_inputs(k), at::kBFloat16, BlockwisePath::automatic, &stats);
+  EXPECT_EQ(stats.path, c.path);
+}
+
+// Under bf16 autocast, float32 inputs are rounded to bf16 before any product, on every bf16
+// path: the result equals the same path on the bf16 tensors themselves.
+TEST(BlockwiseAttention, Bf16AutocastRoundsFloat32InputsOnEveryBf16Path) {
+  Case c{"autocast_rounding", 1, 2, 29, 29, 10, 7, true, {13, 29}};
+  const Inputs in = make_inputs(c, 3);
+  const AttentionStructure st = structure_of(c);
+  for (BlockwisePath path : bf16_paths()) {
+    BlockwiseOptions opt;
+    opt.block_q = 8, opt.block_k = 5, opt.path = path;
+    const at::Tensor q = in.q.to(at::kFloat), k = in.k.to(at::kFloat), v = in.v.to(at::kFloat);
+    at::Tensor from_float;
+    {
+      compat::AutocastGuard autocast(c10::DeviceType::CPU, true, at::kBFloat16);
+      from_float = blockwise_attention(q, k, v, 0.4, st, opt);
+    }
+    const at::Tensor from_bf16 =
+        blockwise_attention(q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16), 0.4, st, opt);
+    EXPECT_EQ(max_abs(from_float.to(at::kBFloat16).to(at::kFloat), from_bf16.to(at::kFloat)), 0.0) << path_name(path);
+    EXPECT_GT(max_abs(from_float, blockwise_attention(q, k, v, 0.4, st, BlockwiseOptions{})), 0.0)
+        << path_name(path) << ": no rounding happened";
   }
 }
 
@@ -240,7 +285,7 @@ TEST(BlockwiseAttention, RowsWithoutKeysGiveExactZerosOnEveryPath) {
   const Inputs in = make_inputs(c);
   std::vector<std::pair<BlockwisePath, at::ScalarType>> runs{{BlockwisePath::float64_portable, at::kDouble}};
   for (BlockwisePath p : float32_paths()) runs.push_back({p, at::kFloat});
-  if (path_supported(BlockwisePath::bf16_avx512)) runs.push_back({BlockwisePath::bf16_avx512, at::kBFloat16});
+  for (BlockwisePath p : bf16_paths()) runs.push_back({p, at::kBFloat16});
   for (const auto& [path, dtype] : runs) {
     const Outcome got = blockwise_run(c, in, dtype, path);
     for (const at::Tensor* t : {&got.out, &got.dq, &got.dk, &got.dv})
