@@ -31,7 +31,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Row {
   int64_t seq = 0;
-  std::string dtype, mask, pass, path;
+  std::string dtype, mask, pass, path, layout;
   double median_ms = 0, gflops = 0, gemm_gflops = 0;
   int64_t peak_extra_bytes = 0;   // highest live tensor bytes above the call's start
   int64_t temporaries_bytes = 0;  // the same minus the results (out, and dq/dk/dv for backward)
@@ -89,14 +89,19 @@ bool computes(const std::string& path, const std::string& dtype) {
 }
 
 Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_name, const std::string& mask,
-               bool backward, double gemm_gflops, BlockwisePath path) {
+               bool backward, double gemm_gflops, BlockwisePath path, const std::string& layout) {
   const at::ScalarType dtype = dtype_of(dtype_name);
   const bool causal = mask == "causal";
   at::manual_seed(0);
-  at::Tensor q = at::randn({a.batch, a.heads, s, a.dqk}).to(dtype).requires_grad_(backward);
-  at::Tensor k = at::randn({a.batch, a.heads, s, a.dqk}).to(dtype).requires_grad_(backward);
-  at::Tensor v = at::randn({a.batch, a.heads, s, a.dv}).to(dtype).requires_grad_(backward);
-  at::Tensor dout = backward ? at::randn({a.batch, a.heads, s, a.dv}).to(dtype) : at::Tensor();
+  // [B,H,S,D] values in either memory layout (bshd: a [B,S,H,D] tensor transposed).
+  auto make = [&](int64_t d) {
+    if (layout == "bshd") return at::randn({a.batch, s, a.heads, d}).to(dtype).transpose(1, 2);
+    return at::randn({a.batch, a.heads, s, d}).to(dtype);
+  };
+  at::Tensor q = make(a.dqk).requires_grad_(backward);
+  at::Tensor k = make(a.dqk).requires_grad_(backward);
+  at::Tensor v = make(a.dv).requires_grad_(backward);
+  at::Tensor dout = backward ? make(a.dv) : at::Tensor();
   const AttentionStructure st = structure_for(s, causal);
   BlockwiseStats stats;
   BlockwiseOptions opt;
@@ -104,6 +109,7 @@ Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_nam
   const double scaling = 1.0 / std::sqrt(static_cast<double>(a.dqk));
   Row row;
   row.seq = s, row.dtype = dtype_name, row.mask = mask, row.pass = backward ? "fwd+bwd" : "fwd";
+  row.layout = layout;
   std::vector<double> times_ms, busy;
   for (int r = 0; r < a.repeats; ++r) {
     std::cerr << "bench-kernel: S=" << s << " " << dtype_name << " " << mask << " " << row.pass << " repeat "
@@ -144,6 +150,7 @@ nlohmann::json to_json(const Row& r) {
   return {{"seq", r.seq},
           {"dtype", r.dtype},
           {"mask", r.mask},
+          {"layout", r.layout},
           {"pass", r.pass},
           {"path", r.path},
           {"median_ms", r.median_ms},
@@ -187,6 +194,11 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
                   "it computes)")
       ->delimiter(',')
       ->check(CLI::IsMember(path_names));
+  cmd->add_option("--layout", args.layouts,
+                  "memory layout of q, k, v: bhsd (head-major) | bshd (sequence-major, as the CP runtime passes "
+                  "them) (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bhsd", "bshd"}));
   cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE");
   return cmd;
 }
@@ -222,11 +234,12 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
     for (const std::string& dtype : args.dtypes)
       for (const std::string& mask : args.masks)
         for (const std::string& path : args.paths)
-          for (bool backward : {false, true}) {
-            if ((backward && args.skip_backward) || !computes(path, dtype)) continue;
-            const double gemm_gflops = measure_gemm(dtype_of(dtype), args.gemm_size).gflops;
-            rows.push_back(bench_case(args, s, dtype, mask, backward, gemm_gflops, path_of(path)));
-          }
+          for (const std::string& layout : args.layouts)
+            for (bool backward : {false, true}) {
+              if ((backward && args.skip_backward) || !computes(path, dtype)) continue;
+              const double gemm_gflops = measure_gemm(dtype_of(dtype), args.gemm_size).gflops;
+              rows.push_back(bench_case(args, s, dtype, mask, backward, gemm_gflops, path_of(path), layout));
+            }
 
   std::cout << "blockwise attention, B=" << args.batch << " H=" << args.heads << " Dqk=" << args.dqk
             << " Dv=" << args.dv << ", " << threads << " threads, BLAS " << blas.library << "\n"
@@ -238,11 +251,11 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
   if (std::find(args.dtypes.begin(), args.dtypes.end(), "bfloat16") != args.dtypes.end())
     std::cout << "bf16 path (automatic): " << bf16_path_choice().reason << "\n";
   std::cout << "\n";
-  Table table({"S", "dtype", "mask", "pass", "path", "median ms", "GFLOP/s", "GEMM GFLOP/s", "ratio",
+  Table table({"S", "dtype", "mask", "layout", "pass", "path", "median ms", "GFLOP/s", "GEMM GFLOP/s", "ratio",
                "peak extra MiB", "temporaries MiB", "tiles", "cpu"});
   nlohmann::json json_rows = nlohmann::json::array();
   for (const Row& r : rows) {
-    table.add({std::to_string(r.seq), r.dtype, r.mask, r.pass, r.path, fixed(r.median_ms, 1), fixed(r.gflops, 1),
+    table.add({std::to_string(r.seq), r.dtype, r.mask, r.layout, r.pass, r.path, fixed(r.median_ms, 1), fixed(r.gflops, 1),
                fixed(r.gemm_gflops, 1), fixed(r.gflops / r.gemm_gflops, 2), fixed(r.peak_extra_bytes / kMiB, 1),
                fixed(r.temporaries_bytes / kMiB, 1),
                std::to_string(r.tiles_computed) + "/" + std::to_string(r.tiles_total), fixed(r.cpu_busy, 2)});

@@ -30,6 +30,9 @@ struct KernelBenchArgs {
   // Kernel code paths to time (automatic: the kernel's own choice); each runs for the dtypes it
   // computes (float32 paths for float32, bf16 paths for bfloat16).
   std::vector<std::string> paths{"automatic"};
+  // Memory layout of q, k, v (and dO): bhsd (head-major) or bshd (sequence-major, as the CP
+  // runtime hands them over: [B,S,H,D] tensors viewed as [B,H,S,D]).
+  std::vector<std::string> layouts{"bhsd"};
   std::string json_path;
 };
 

@@ -31,9 +31,9 @@ HostAllocatorPolicy keep_freed_host_memory() {
   constexpr int kMmapThreshold = 32 << 20;  // glibc's largest allowed value
   constexpr int kTopPad = 64 << 20;
   const bool ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1 &&
-                  mallopt(M_TOP_PAD, kTopPad) == 1;
+                  mallopt(M_TOP_PAD, kTopPad) == 1 && mallopt(M_MMAP_MAX, 0) == 1;
   if (!ok) return {false, "mallopt refused a setting: glibc defaults kept"};
-  return {true, "glibc: mmap threshold 32 MiB, no trimming, 64 MiB top pad"};
+  return {true, "glibc: every block from the heap (no mmap), no trimming, 64 MiB top pad"};
 #else
   return {false, "not glibc: the process's allocator is left as it is"};
 #endif

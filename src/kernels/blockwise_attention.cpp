@@ -49,6 +49,18 @@ namespace {
 // Inner dim must be dense; other strides are read in place.
 at::Tensor dense_rows(const at::Tensor& t) { return t.size(3) <= 1 || t.stride(3) == 1 ? t : t.contiguous(); }
 
+// Whether the rows of one (batch, head) lie next to each other.
+bool head_rows_adjacent(const at::Tensor& t) { return t.size(2) <= 1 || t.size(3) <= 1 || t.stride(2) == t.size(3); }
+
+// K and V are swept once per query block. In a [B,S,H,D] tensor viewed as [B,H,S,D] (how the CP
+// runtime passes them) one head's rows lie H·D elements apart, so at long S every row of a sweep
+// is on its own page: a TLB miss per row (measured: `mlacp bench-kernel --layout bshd`). When
+// there is more than one sweep, one head-major copy makes each head's rows adjacent.
+at::Tensor swept_rows(const at::Tensor& t, int64_t sweeps) {
+  const at::Tensor d = dense_rows(t);
+  return sweeps < 2 || head_rows_adjacent(d) ? d : d.contiguous();
+}
+
 // An output [B,H,S,D] in the memory layout of `like` when that is [B,H,S,D] or [B,S,H,D].
 at::Tensor empty_rows_like(const at::Tensor& like, int64_t d, at::ScalarType dtype) {
   const int64_t b = like.size(0), h = like.size(1), s = like.size(2);
@@ -411,7 +423,7 @@ void dispatch_path(BlockwisePath path, Fn&& fn) {
 // `out_into`: where the output rows go (checked by check_target), or undefined for a new tensor.
 BlockwiseResult forward_impl(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              BlockwiseStats* stats, const at::Tensor& out_into = {}) {
-  const at::Tensor qd = dense_rows(q), kd = dense_rows(k), vd = dense_rows(v);
+  const at::Tensor qd = dense_rows(q), kd = swept_rows(k, p.nqb), vd = swept_rows(v, p.nqb);
   BlockwiseResult r;
   r.out = out_into.defined() ? out_into : empty_rows_like(qd, p.dv, p.in_dtype);
   r.lse = at::empty({p.batch, p.heads, p.sq}, q.options().dtype(p.acc_dtype));
@@ -432,13 +444,13 @@ BlockwiseGrads backward_impl(const Plan& p, const at::Tensor& q, const at::Tenso
                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                              const at::Tensor& dlse, BlockwiseStats* stats, const BlockwiseGrads& into = {},
                              bool accumulate_kv = false) {
-  const at::Tensor qd = dense_rows(q), kd = dense_rows(k), vd = dense_rows(v);
+  const at::Tensor qd = dense_rows(q), kd = swept_rows(k, p.nqb), vd = swept_rows(v, p.nqb);
   const at::Tensor od = dense_rows(out), dod = dense_rows(dout);
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor dlse_c = dlse.defined() ? dlse.to(p.acc_dtype).contiguous() : at::Tensor();
   BlockwiseGrads g{into.dq.defined() ? into.dq : empty_rows_like(qd, p.dqk, p.in_dtype),
-                   into.dk.defined() ? into.dk : empty_rows_like(kd, p.dqk, p.in_dtype),
-                   into.dv.defined() ? into.dv : empty_rows_like(vd, p.dv, p.in_dtype)};
+                   into.dk.defined() ? into.dk : empty_rows_like(dense_rows(k), p.dqk, p.in_dtype),
+                   into.dv.defined() ? into.dv : empty_rows_like(dense_rows(v), p.dv, p.in_dtype)};
   if (g.dq.numel() + g.dk.numel() + g.dv.numel() == 0) return g;
   if (p.sq == 0) {  // no queries: no gradient reaches k, v
     if (!accumulate_kv) g.dk.zero_(), g.dv.zero_();
@@ -464,7 +476,10 @@ BlockwiseGrads backward_impl(const Plan& p, const at::Tensor& q, const at::Tenso
     dv_part = at::empty({p.batch, p.heads, io.groups, p.sk, p.dv}, q.options().dtype(p.acc_dtype));
     io.dk_part = dk_part.data_ptr(), io.dv_part = dv_part.data_ptr();
   } else {
-    io.mode = p.acc_dtype == p.in_dtype ? AccMode::direct : AccMode::head;
+    // Straight into the gradients only when they hold the accumulator dtype and one head's rows
+    // are adjacent (dK_j/dV_j are updated once per query block: the sweep of swept_rows).
+    const bool adjacent = p.nqb < 2 || (head_rows_adjacent(g.dk) && head_rows_adjacent(g.dv));
+    io.mode = p.acc_dtype == p.in_dtype && adjacent ? AccMode::direct : AccMode::head;
   }
   dispatch_path(p.path, [&](auto path) { run_backward<decltype(path)>(p, io, stats); });
   if (io.mode == AccMode::partial && accumulate_kv) {
