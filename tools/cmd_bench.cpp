@@ -224,7 +224,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   options.timeout = std::chrono::seconds(a.timeout_s);
   options.link.latency_seconds = a.latency_us * 1e-6;
   options.link.bandwidth_bytes_per_second = a.bandwidth_gbps * 1e9;
-  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(shape, options);
   const LinkModel fixed_link = *groups.instruments.link;
 

@@ -11,6 +11,14 @@
 
 namespace mlacp::tools {
 
+// Exit codes (README "Exit codes"); a rank killed by signal N gives 128 + N through the launcher.
+constexpr int kExitCheckFailed = 1;   // verify: a check failed; train --compare: the curves disagree
+constexpr int kExitInvalidInput = 2;  // an input broke a rule (rejected before any rank starts, or
+                                      // before the first collective)
+constexpr int kExitInternal = 3;      // an error mlacp did not diagnose (a bug: please report it)
+constexpr int kExitFault = 4;         // a fault while running: a peer died or stalled, memory ran
+                                      // out, a file could not be read
+
 struct CommonArgs {
   int threads = 0;  // 0: all cores of this host, divided among local ranks
   bool pin_cores = false;  // pin local rank r to its own block of cores (benchmarks on small hosts)

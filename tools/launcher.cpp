@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <system_error>
@@ -114,12 +116,13 @@ void signal_running(std::vector<Rank>& ranks, int sig) {
 
 // ---- starting ranks ----------------------------------------------------------------------------
 
-std::vector<std::string> rank_environment(const LaunchOptions& options, int rank, int port) {
+std::vector<std::string> rank_environment(const LaunchOptions& options, int rank, int port,
+                                          const std::string& store_file) {
   const std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(options.nproc)},
       {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
       {"MASTER_ADDR", options.master_addr},    {"MASTER_PORT", std::to_string(port)},
-      {"MLACP_LAUNCHED", "1"}};
+      {"MLACP_RENDEZVOUS_FILE", store_file},   {"MLACP_LAUNCHED", "1"}};
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -194,7 +197,7 @@ void spawn(Rank& rank, const std::string& path, char* const* argv, char* const* 
 }
 
 void start_ranks(std::vector<Rank>& ranks, const LaunchOptions& options, const std::vector<std::string>& args,
-                 int port) {
+                 int port, const std::string& store_file) {
   const std::string path = options.executable.empty() ? "/proc/self/exe" : options.executable;
   std::string argv0 = path;
   if (options.executable.empty()) {
@@ -209,7 +212,7 @@ void start_ranks(std::vector<Rank>& ranks, const LaunchOptions& options, const s
   if (devnull < 0) throw_errno("open /dev/null");
   try {
     for (int i = 0; i < options.nproc; ++i) {
-      std::vector<std::string> env = rank_environment(options, i, port);
+      std::vector<std::string> env = rank_environment(options, i, port, store_file);
       std::vector<char*> envp = c_strings(env);
       ranks[i].index = i;
       spawn(ranks[i], path, argv.data(), envp.data(), devnull);
@@ -345,6 +348,18 @@ Outcome supervise(std::vector<Rank>& ranks, std::chrono::milliseconds grace, Sin
 
 }  // namespace
 
+RendezvousFolder::RendezvousFolder() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mlacp-rendezvous-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) throw_errno("create the rendezvous folder " + pattern);
+  path_ = pattern;
+}
+
+RendezvousFolder::~RendezvousFolder() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 int pick_free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw_errno("socket");
@@ -371,10 +386,13 @@ int launch_local(const LaunchOptions& options, const std::vector<std::string>& a
                 "the master port must be in [0, 65535]", {got("master_port", options.master_port)},
                 "use 0 to pick a free port");
   const int port = options.master_port > 0 ? options.master_port : pick_free_port();
+  // The ranks meet over a FileStore in a folder only this user can enter: no rendezvous port
+  // listens on any interface (Gloo's own connections bind 127.0.0.1). Removed when the ranks end.
+  const RendezvousFolder folder;
   SignalScope signals;
   std::vector<Rank> ranks(static_cast<size_t>(options.nproc));
   try {
-    start_ranks(ranks, options, args, port);
+    start_ranks(ranks, options, args, port, folder.store_file());
   } catch (...) {
     signal_running(ranks, SIGKILL);
     for (Rank& r : ranks)

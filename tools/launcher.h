@@ -28,6 +28,21 @@ int launch_local(const LaunchOptions& options, const std::vector<std::string>& a
 // Picks a free TCP port on 127.0.0.1 (bind to port 0, read it, close).
 int pick_free_port();
 
+// A fresh folder under $TMPDIR (or /tmp), mode 0700, for the ranks' FileStore
+// (MLACP_RENDEZVOUS_FILE); removed with everything in it on destruction.
+class RendezvousFolder {
+ public:
+  RendezvousFolder();
+  ~RendezvousFolder();
+  RendezvousFolder(const RendezvousFolder&) = delete;
+  RendezvousFolder& operator=(const RendezvousFolder&) = delete;
+  const std::string& path() const { return path_; }
+  std::string store_file() const { return path_ + "/store"; }
+
+ private:
+  std::string path_;
+};
+
 // As above, writing the ranks' stdout lines to `out` and everything else to `err` (used by tests).
 // Details of both overloads:
 // - Each rank runs in its own session/process group; signals go to the whole group, so helpers a

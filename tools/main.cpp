@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::cerr << "mlacp: unknown command '" << arg << "': the commands are info, verify, bench, bench-kernel and "
                 << "train (mlacp --help lists them)\n";
-      return 2;
+      return kExitInvalidInput;
     }
     break;
   }
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
     // Command-line rule broken: one mlacp line with CLI11's own text (it names the option and value).
     std::cerr << "mlacp: invalid command line: " << e.what() << " (mlacp <command> --help lists the options)\n";
-    return 2;
+    return kExitInvalidInput;
   }
   try {
     mlacp::float32_gemm_setting();  // MLACP_FLOAT32_GEMM checked before any GEMM runs
@@ -126,10 +126,20 @@ int main(int argc, char** argv) {
     if (kernel_bench_cmd->parsed()) return run_kernel_bench(common, kernel_bench);
   } catch (const mlacp::Error& e) {
     std::cerr << e.what() << "\n";
-    return 2;
+    return e.kind() == mlacp::ErrorKind::fault ? kExitFault : kExitInvalidInput;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "mlacp: out of host memory: an allocation failed on this rank; reduce --seq, --batch or the model, "
+                 "or run more ranks\n";
+    return kExitFault;
   } catch (const std::exception& e) {
-    std::cerr << "mlacp: error: " << e.what() << "\n";
-    return 3;
+    std::string what = e.what();
+    if (what.find("can't allocate memory") != std::string::npos) {  // LibTorch's CPU allocator
+      std::cerr << "mlacp: out of host memory: " << what.substr(0, what.find('\n'))
+                << "; reduce --seq, --batch or the model, or run more ranks\n";
+      return kExitFault;
+    }
+    std::cerr << "mlacp: internal error: " << what.substr(0, what.find('\n')) << "\n";
+    return kExitInternal;
   }
   return 0;
 }

@@ -281,7 +281,7 @@ class LogFollower {
 std::ofstream open_log(const std::string& path, int64_t resumed_step) {
   std::vector<StepRecord> kept;
   if (resumed_step > 0 && fs::exists(path)) {
-    for (const auto& r : train::read_step_log(path))
+    for (const auto& r : train::read_step_log(path, /*drop_torn_last_line=*/true))
       if (r.step <= resumed_step) kept.push_back(r);
   }
   std::ofstream out(path, std::ios::trunc);
@@ -367,10 +367,11 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   const bool lead = world.rank == 0;
   const bool own_report = args.progress_log.empty();
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
+  const std::string resumed_from = prepared.resume_from ? prepared.resume_from->folder : "";
 
   GroupOptions options;
   options.timeout = std::chrono::seconds(args.timeout_s);
-  Rendezvous rendezvous = Rendezvous::tcp(world, options.timeout);
+  Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(config.mesh, options);
   if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
   train::Trainer trainer(std::move(prepared), groups);
@@ -383,7 +384,9 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
     if (!args.log.empty()) log = open_log(args.log, resumed);
     if (!args.progress_log.empty()) copy = open_log(args.progress_log, resumed);
     if (own_report) progress = std::make_unique<Progress>(layout_label(config), config.steps);
-    if (resumed > 0) std::cerr << "train: resumed from " << config.checkpoint_dir << " at step " << resumed << "\n";
+    if (resumed > 0)
+      std::cerr << "train: resumed from " << resumed_from << " (the newest complete checkpoint) at step "
+                << resumed << "\n";
   }
   while (!trainer.done()) {
     const StepRecord r = trainer.step();

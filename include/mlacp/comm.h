@@ -128,13 +128,16 @@ std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value);
 void barrier(const CommGroup& group);
 
 // --- groups ---------------------------------------------------------------------------------
-// torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+// torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; and
+// MLACP_RENDEZVOUS_FILE, set by mlacp's local launcher (--nproc): the ranks then meet over a
+// FileStore in the launcher's private folder, and nothing listens on a network port.
 struct WorldInfo {
   int64_t rank = 0;
   int64_t size = 1;
   int64_t local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int port = 29500;
+  std::string store_file;  // non-empty: rendezvous over this FileStore instead of TCP
 };
 // Reads the variables; throws mlacp::Error naming a missing or malformed one.
 WorldInfo world_from_env();
@@ -180,6 +183,8 @@ class Rendezvous {
  public:
   static Rendezvous tcp(const WorldInfo& world, std::chrono::milliseconds timeout);
   static Rendezvous file(const std::string& path, const WorldInfo& world, std::chrono::milliseconds timeout);
+  // world.store_file ? file(...) : tcp(...): what the tool's commands use.
+  static Rendezvous of(const WorldInfo& world, std::chrono::milliseconds timeout);
   ParallelGroups groups(const MeshShape& shape, const GroupOptions& options);
   const WorldInfo& world() const;
 

@@ -26,9 +26,16 @@ ErrorValue got(std::string name, const T& value) {
 }
 ErrorValue got(std::string name, const std::vector<int64_t>& values);
 
+// What kind of mistake an Error reports (the tool's exit code follows it: README "Exit codes"):
+// an input that breaks a rule, found before any work (the default), or a fault found while
+// running: a peer that died or stalled, an allocation that failed, an unreadable file.
+enum class ErrorKind { input, fault };
+
 class Error : public std::runtime_error {
  public:
-  Error(std::string what, std::string rule, std::vector<ErrorValue> values, std::string hint);
+  Error(std::string what, std::string rule, std::vector<ErrorValue> values, std::string hint,
+        ErrorKind kind = ErrorKind::input);
+  ErrorKind kind() const { return kind_; }
   const std::string& subject() const { return subject_; }
   const std::string& rule() const { return rule_; }
   const std::vector<ErrorValue>& values() const { return values_; }
@@ -39,11 +46,16 @@ class Error : public std::runtime_error {
   std::string rule_;
   std::vector<ErrorValue> values_;
   std::string hint_;
+  ErrorKind kind_ = ErrorKind::input;
 };
 
 [[noreturn]] inline void fail(const std::string& what, const std::string& rule, std::vector<ErrorValue> values,
                               const std::string& hint) {
   throw Error(what, rule, std::move(values), hint);
+}
+[[noreturn]] inline void fail_fault(const std::string& what, const std::string& rule, std::vector<ErrorValue> values,
+                                    const std::string& hint) {
+  throw Error(what, rule, std::move(values), hint, ErrorKind::fault);
 }
 
 }  // namespace mlacp

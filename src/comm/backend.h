@@ -43,6 +43,7 @@ struct CommGroup::Impl {
   std::shared_ptr<CommCounters> counters;
   std::shared_ptr<LinkModel> link;
   std::shared_ptr<Timeline> timeline;
+  std::chrono::milliseconds timeout{0};  // the backend's collective timeout (for fault messages)
 };
 
 }  // namespace mlacp

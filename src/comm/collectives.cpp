@@ -82,7 +82,35 @@ struct AsyncHandle::State {
   double launched_at_us = 0.0;
   CollectiveKind kind = CollectiveKind::all_to_all;
   bool waited = false;
+  std::string group;  // name, rank and size of the group, for fault messages
+  int64_t group_rank = 0, group_size = 1;
+  std::chrono::milliseconds timeout{0};
 };
+
+namespace {
+
+// Waits for a backend collective; its failure (the backend's own text, e.g. Gloo's "Connection
+// reset by peer" or "Timed out waiting") becomes an mlacp fault that says what it means here.
+void wait_or_fault(c10d::Work& work, const std::string& label, const std::string& group, int64_t rank, int64_t size,
+                   std::chrono::milliseconds timeout) {
+  try {
+    work.wait();
+  } catch (const std::exception& e) {
+    std::string cause = e.what();
+    cause = cause.substr(0, cause.find('\n'));
+    fail_fault("communication", "a collective failed: a peer rank exited or stalled longer than the timeout",
+               {got("collective", label), got("group", group),
+                got("group_rank", std::to_string(rank) + " of " + std::to_string(size)),
+                got("timeout_s", static_cast<double>(timeout.count()) / 1000.0), got("cause", cause)},
+               "the launcher names the rank that failed first; raise --timeout if a rank is only slow");
+  }
+}
+
+void wait_or_fault(const CommGroup& group, const c10::intrusive_ptr<c10d::Work>& work, const std::string& label) {
+  wait_or_fault(*work, label, group.name(), group.rank(), group.size(), group.impl().timeout);
+}
+
+}  // namespace
 
 AsyncHandle::AsyncHandle() = default;
 AsyncHandle::AsyncHandle(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -113,7 +141,9 @@ std::vector<at::Tensor> AsyncHandle::wait() {
                 {got("label", state_->label)}, "keep the result of the first wait()");
   state_->waited = true;
   const double wait_begin_us = Timeline::now_us();
-  if (state_->work) state_->work->wait();
+  if (state_->work)
+    wait_or_fault(*state_->work, state_->label, state_->group, state_->group_rank, state_->group_size,
+                  state_->timeout);
   const bool emulated = state_->link && state_->link->enabled() && state_->work;
   if (emulated) std::this_thread::sleep_until(state_->link_done);
   if (state_->timeline) {
@@ -170,6 +200,9 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
   state->bytes = bytes;
   state->link = group.impl().link;
   state->kind = kind;
+  state->group = group.name();
+  state->group_rank = group.rank(), state->group_size = group.size();
+  state->timeout = group.impl().timeout;
   if (group.size() > 1 && state->link && state->link->enabled())
     std::tie(state->link_start, state->link_done) = state->link->book(state->launched_at, bytes);
   if (group.size() > 1 && group.impl().timeline && group.impl().timeline->enabled()) {
@@ -415,7 +448,7 @@ std::vector<double> all_reduce_doubles(const CommGroup& group, const std::vector
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
-  group.impl().backend->allreduce(tensors, options)->wait();
+  wait_or_fault(group, group.impl().backend->allreduce(tensors, options), "all-reduce (max/min)");
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 }  // namespace
@@ -435,14 +468,14 @@ std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value) {
   std::vector<at::Tensor> inputs{mine};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t r = 0; r < group.size(); ++r) outputs[0].push_back(all.narrow(0, r, 1));
-  group.impl().backend->allgather(outputs, inputs)->wait();
+  wait_or_fault(group, group.impl().backend->allgather(outputs, inputs), "all-gather (u64)");
   std::vector<uint64_t> values;
   for (int64_t r = 0; r < group.size(); ++r) values.push_back(static_cast<uint64_t>(all[r].item<int64_t>()));
   return values;
 }
 
 void barrier(const CommGroup& group) {
-  if (group.size() > 1) group.impl().backend->barrier()->wait();
+  if (group.size() > 1) wait_or_fault(group, group.impl().backend->barrier(), "barrier");
 }
 
 }  // namespace mlacp

@@ -61,6 +61,7 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
   impl->counters = instruments.counters;
   impl->link = instruments.link;
   impl->timeline = instruments.timeline;
+  impl->timeout = options.timeout;
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i] == world_rank) impl->rank = static_cast<int64_t>(i);
   if (impl->size > 1) {
@@ -117,7 +118,8 @@ WorldInfo world_from_env() {
   w.local_rank = env_int("LOCAL_RANK", false, w.rank);
   const char* addr = std::getenv("MASTER_ADDR");
   w.master_addr = addr ? addr : "127.0.0.1";
-  w.port = static_cast<int>(env_int("MASTER_PORT", w.size > 1, 29500));
+  if (const char* file = std::getenv("MLACP_RENDEZVOUS_FILE")) w.store_file = file;
+  w.port = static_cast<int>(env_int("MASTER_PORT", w.size > 1 && w.store_file.empty(), 29500));
   MLACP_REQUIRE(w.port >= 1 && w.port <= 65535, kWhat, "MASTER_PORT must be a TCP port in [1, 65535]",
                 {got("MASTER_PORT", w.port)}, "pick a free port, e.g. 29500");
   MLACP_REQUIRE(w.size >= 1 && w.rank < w.size, kWhat, "RANK must be below WORLD_SIZE",
@@ -165,6 +167,10 @@ Rendezvous Rendezvous::file(const std::string& path, const WorldInfo& world, std
   return r;
 }
 
+Rendezvous Rendezvous::of(const WorldInfo& world, std::chrono::milliseconds timeout) {
+  return world.store_file.empty() ? tcp(world, timeout) : file(world.store_file, world, timeout);
+}
+
 ParallelGroups Rendezvous::groups(const MeshShape& shape, const GroupOptions& options) {
   check_mesh_shape(shape, impl_->world.size);
   const std::string generation = "g" + std::to_string(impl_->generation++) + "/";
@@ -175,7 +181,7 @@ const WorldInfo& Rendezvous::world() const { return impl_->world; }
 
 ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options) {
   check_mesh_shape(shape, world.size);
-  return Rendezvous::tcp(world, options.timeout).groups(shape, options);
+  return Rendezvous::of(world, options.timeout).groups(shape, options);
 }
 
 ParallelGroups create_parallel_groups_file(const std::string& path, const WorldInfo& world, const MeshShape& shape,

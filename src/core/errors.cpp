@@ -27,11 +27,12 @@ ErrorValue got(std::string name, const std::vector<int64_t>& values) {
   return {std::move(name), text + "]"};
 }
 
-Error::Error(std::string what, std::string rule, std::vector<ErrorValue> values, std::string hint)
+Error::Error(std::string what, std::string rule, std::vector<ErrorValue> values, std::string hint, ErrorKind kind)
     : std::runtime_error(render(what, rule, values, hint)),
       subject_(std::move(what)),
       rule_(std::move(rule)),
       values_(std::move(values)),
-      hint_(std::move(hint)) {}
+      hint_(std::move(hint)),
+      kind_(kind) {}
 
 }  // namespace mlacp

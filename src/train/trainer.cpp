@@ -1,6 +1,9 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <optional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -60,10 +63,6 @@ void check_resumable(const TrainConfig& c, const CheckpointMeta& meta) {
                 "resume with the settings of the run that wrote it (dp, cp, strategy and partition may change)");
   MLACP_REQUIRE(meta.step <= c.steps, kWhat, "the checkpoint is already past the last step",
                 {got("checkpoint.step", meta.step), got("steps", c.steps)}, "raise --steps to continue training");
-  for (int64_t r = 0; r < meta.tp; ++r) {
-    MLACP_REQUIRE(fs::exists(shard_file(c.checkpoint_dir, r, meta.tp)), kWhat, "a checkpoint shard is missing",
-                  {got("file", shard_file(c.checkpoint_dir, r, meta.tp))}, "resume from a complete checkpoint");
-  }
 }
 
 }  // namespace
@@ -95,9 +94,13 @@ std::string StepRecord::to_json() const {
 
 StepRecord StepRecord::from_json(const std::string& line) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-  MLACP_REQUIRE(j.is_object() && j.contains("step") && j.contains("loss"), "training log",
-                "each line must be a JSON object with step and loss", {got("line", line.substr(0, 120))},
-                "pass a log written by mlacp train --log");
+  MLACP_REQUIRE(j.is_object() && j.contains("step") && j.contains("loss") && j.at("step").is_number_integer() &&
+                    j.at("loss").is_number(),
+                "training log", "each line must be a JSON object with an integer step and a numeric loss",
+                {got("line", line.substr(0, 120))}, "pass a log written by mlacp train --log");
+  for (const char* field : {"tokens_per_s", "grad_norm", "lr", "tokens", "step_s", "time_s"})
+    MLACP_REQUIRE(!j.contains(field) || j.at(field).is_number(), "training log", "step record fields must be numbers",
+                  {got("field", field), got("line", line.substr(0, 120))}, "pass a log written by mlacp train --log");
   StepRecord r;
   r.step = j.at("step").get<int64_t>();
   r.loss = j.at("loss").get<double>();
@@ -133,34 +136,107 @@ double max_relative_loss_difference(const std::vector<StepRecord>& run, const st
   return count == 0 ? INFINITY : worst;
 }
 
-std::vector<StepRecord> read_step_log(const std::string& path) {
-  std::ifstream in(path);
+std::vector<StepRecord> read_step_log(const std::string& path, bool drop_torn_last_line) {
+  std::ifstream in(path, std::ios::binary);
   MLACP_REQUIRE(in.good(), "training log", "the log file must exist and be readable", {got("path", path)},
                 "pass a log written by mlacp train --log FILE.jsonl");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<StepRecord> records;
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) records.push_back(StepRecord::from_json(line));
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    const std::string line = text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    begin = end == std::string::npos ? text.size() : end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (end == std::string::npos && drop_torn_last_line) {  // written up to a kill: no newline yet
+      try {
+        records.push_back(StepRecord::from_json(line));
+      } catch (const Error&) {
+      }
+      continue;
+    }
+    records.push_back(StepRecord::from_json(line));
+  }
   return records;
 }
 
-CheckpointMeta read_checkpoint_meta(const std::string& dir) {
-  const fs::path path = fs::path(dir) / kMetaFile;
+namespace {
+
+std::string generation_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// meta.json of one generation folder, or why it is not usable (a torn or foreign folder).
+struct GenerationRead {
+  std::optional<CheckpointMeta> meta;
+  std::string problem;
+};
+
+GenerationRead read_generation(const fs::path& folder) {
+  const fs::path path = folder / kMetaFile;
   std::ifstream in(path);
-  MLACP_REQUIRE(!dir.empty() && in.good(), kWhat, "--resume needs a checkpoint (meta.json) in the checkpoint folder",
-                {got("checkpoint", dir)}, "run once with --checkpoint DIR first, or drop --resume");
+  if (!in.good()) return {std::nullopt, "no meta.json"};
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  MLACP_REQUIRE(j.is_object() && j.contains("step") && j.contains("data_position") && j.contains("tp"), kWhat,
-                "checkpoint meta.json is unreadable", {got("path", path.string())}, "resume from a complete checkpoint");
+  if (!j.is_object()) return {std::nullopt, path.string() + " is not a JSON object"};
+  for (const char* field : {"step", "data_position", "tp"})
+    if (!j.contains(field) || !j.at(field).is_number_integer())
+      return {std::nullopt, path.string() + ": \"" + field + "\" is missing or not an integer"};
+  for (const char* field : {"seq_len", "batch", "seed"})
+    if (j.contains(field) && !j.at(field).is_number_integer())
+      return {std::nullopt, path.string() + ": \"" + field + "\" is not an integer"};
+  for (const char* field : {"model", "dtype"})
+    if (j.contains(field) && !j.at(field).is_string())
+      return {std::nullopt, path.string() + ": \"" + field + "\" is not a string"};
   CheckpointMeta m;
   m.step = j.at("step").get<int64_t>();
   m.data_position = j.at("data_position").get<int64_t>();
   m.tp = j.at("tp").get<int64_t>();
+  if (m.step < 0 || m.data_position < 0 || m.tp < 1)
+    return {std::nullopt, path.string() + ": step, data_position must be >= 0 and tp >= 1"};
   m.model = j.value("model", "");
   m.seq_len = j.value("seq_len", int64_t{0});
   m.batch = j.value("batch", int64_t{0});
   m.dtype = j.value("dtype", "");
   m.seed = j.value("seed", uint64_t{0});
-  return m;
+  m.folder = folder.string();
+  for (int64_t r = 0; r < m.tp; ++r)
+    if (!fs::exists(shard_file(m.folder, r, m.tp)))
+      return {std::nullopt, "shard " + shard_file(m.folder, r, m.tp) + " is missing"};
+  return {m, ""};
+}
+
+// Complete generations of `dir`, oldest first (a pre-generation meta.json in `dir` itself counts).
+std::vector<CheckpointMeta> complete_generations(const std::string& dir, std::vector<std::string>* skipped = nullptr) {
+  std::vector<CheckpointMeta> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  auto consider = [&](const fs::path& folder) {
+    GenerationRead g = read_generation(folder);
+    if (g.meta) found.push_back(*g.meta);
+    else if (skipped) skipped->push_back(folder.filename().string() + " (" + g.problem + ")");
+  };
+  if (fs::exists(fs::path(dir) / kMetaFile)) consider(dir);
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step-", 0) == 0) consider(entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const CheckpointMeta& a, const CheckpointMeta& b) { return a.step < b.step; });
+  return found;
+}
+
+}  // namespace
+
+CheckpointMeta read_checkpoint_meta(const std::string& dir) {
+  std::vector<std::string> skipped;
+  const std::vector<CheckpointMeta> found = complete_generations(dir, &skipped);
+  std::string seen;
+  for (const std::string& s : skipped) seen += (seen.empty() ? "" : "; ") + s;
+  MLACP_REQUIRE(!found.empty(), kWhat, "--resume needs a checkpoint: a complete generation in the checkpoint folder",
+                {got("checkpoint", dir), got("incomplete", seen.empty() ? std::string("none") : seen)},
+                "run once with --checkpoint DIR first, or drop --resume");
+  return found.back();
 }
 
 PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size) {
@@ -326,11 +402,22 @@ StepRecord Trainer::step() {
 void Trainer::save_checkpoint() {
   MLACP_REQUIRE(!config_.checkpoint_dir.empty(), kWhat, "saving a checkpoint needs a checkpoint folder", {},
                 "pass --checkpoint DIR");
-  const std::string& dir = config_.checkpoint_dir;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  MLACP_REQUIRE(fs::is_directory(dir), kWhat, "cannot create the checkpoint folder",
-                {got("checkpoint", dir), got("error", ec.message())}, "choose a writable path");
+  const fs::path dir = config_.checkpoint_dir;
+  const std::string name = generation_name(step_);
+  const fs::path partial = dir / ("." + name + ".partial"), complete = dir / name;
+  const bool leader = groups_.world_info.rank == 0;
+  std::string problem;
+  if (leader) {  // a fresh partial folder (one left by a killed save is discarded)
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial, ec);
+    if (!fs::is_directory(partial)) problem = ec ? ec.message() : "not a folder";
+  }
+  barrier(groups_.world);
+  MLACP_REQUIRE(fs::is_directory(partial), kWhat, "cannot create the checkpoint folder",
+                {got("checkpoint", partial.string()), got("error", problem.empty() ? "(on rank 0)" : problem)},
+                "choose a writable path");
   if (groups_.dp_rank == 0 && groups_.cp_rank == 0) {  // one writer per TP shard
     torch::serialize::OutputArchive archive;
     torch::serialize::OutputArchive model_archive(archive.compilation_unit());
@@ -341,12 +428,10 @@ void Trainer::save_checkpoint() {
     archive.write("optimizer", optimizer_archive);
     archive.write("step", at::tensor(step_, at::kLong));
     archive.write("data_position", at::tensor(sampler_.position(), at::kLong));
-    const std::string file = shard_file(dir, groups_.tp_rank, config_.mesh.tp);
-    archive.save_to(file + ".tmp");
-    fs::rename(file + ".tmp", file);
+    archive.save_to(shard_file(partial.string(), groups_.tp_rank, config_.mesh.tp));
   }
   barrier(groups_.world);
-  if (groups_.world_info.rank == 0) {  // meta last: its presence means every shard is written
+  if (leader) {  // meta last, then the atomic switch, then the oldest generations go
     nlohmann::json j{{"step", step_},
                      {"data_position", sampler_.position()},
                      {"tp", config_.mesh.tp},
@@ -356,37 +441,78 @@ void Trainer::save_checkpoint() {
                      {"dtype", dtype_name(config_.dtype)},
                      {"seed", config_.seed},
                      {"layout", config_.describe()}};
-    const std::string meta = (fs::path(dir) / kMetaFile).string();
-    std::ofstream(meta + ".tmp") << j.dump(2) << "\n";
-    fs::rename(meta + ".tmp", meta);
+    const fs::path meta = partial / kMetaFile;
+    {
+      std::ofstream out(meta.string() + ".tmp");
+      out << j.dump(2) << "\n";
+      out.flush();
+      MLACP_REQUIRE(out.good(), kWhat, "cannot write the checkpoint's meta.json", {got("file", meta.string())},
+                    "check the free space of the checkpoint folder");
+    }
+    fs::rename(meta.string() + ".tmp", meta);
+    std::error_code ec;
+    if (fs::exists(complete)) fs::remove_all(complete, ec);  // the same step saved again
+    fs::rename(partial, complete);
+    const std::vector<CheckpointMeta> kept = complete_generations(dir.string());
+    for (size_t i = 0; i + kKeptCheckpoints < kept.size(); ++i)
+      if (fs::path(kept[i].folder) != dir) fs::remove_all(kept[i].folder, ec);
+    if (fs::exists(dir / kMetaFile) && kept.size() > 1) {  // a pre-generation checkpoint is superseded
+      fs::remove(dir / kMetaFile, ec);
+      for (int64_t r = 0; r < config_.mesh.tp; ++r) fs::remove(shard_file(dir.string(), r, config_.mesh.tp), ec);
+    }
   }
   barrier(groups_.world);
 }
 
 void Trainer::load_checkpoint(const CheckpointMeta& meta) {
-  const std::string file = shard_file(config_.checkpoint_dir, groups_.tp_rank, config_.mesh.tp);
-  torch::serialize::InputArchive archive;
-  archive.load_from(file);
+  const std::string file = shard_file(meta.folder, groups_.tp_rank, config_.mesh.tp);
+  // What to do when this generation is unusable: the previous complete one, if any.
+  std::string way_out = "resume from an earlier complete checkpoint";
+  for (const CheckpointMeta& g : complete_generations(config_.checkpoint_dir))
+    if (g.step < meta.step) way_out = "remove " + meta.folder + " to resume from " + g.folder + " (step " +
+                                      std::to_string(g.step) + ")";
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   at::Tensor step, position;
-  archive.read("step", step);
-  archive.read("data_position", position);
+  try {
+    archive.load_from(file);
+    archive.read("step", step);
+    archive.read("data_position", position);
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));  // LibTorch's first line, not its stack trace
+    fail(kWhat, "a checkpoint shard cannot be read (truncated, corrupted or not a checkpoint)",
+         {got("file", file), got("error", why)}, way_out);
+  }
+  MLACP_REQUIRE(step.numel() == 1 && position.numel() == 1, kWhat, "a checkpoint shard lacks its step record",
+                {got("file", file)}, way_out);
   MLACP_REQUIRE(step.item<int64_t>() == meta.step && position.item<int64_t>() == meta.data_position, kWhat,
                 "checkpoint shard and meta.json disagree (an interrupted save)",
                 {got("file", file), got("shard.step", step.item<int64_t>()), got("meta.step", meta.step)},
-                "resume from an earlier complete checkpoint");
-  torch::serialize::InputArchive model_archive, optimizer_archive;
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
+                way_out);
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& p : model_->parameters()) shapes.push_back(p.sizes().vec());
-  model_->load(model_archive);
+  try {
+    model_->load(model_archive);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    fail(kWhat, "checkpoint parameters do not fit the model", {got("file", file), got("error", why.substr(0, why.find('\n')))},
+         "resume with the model and tp of the run that wrote it");
+  }
   size_t i = 0;
   for (const auto& item : model_->named_parameters()) {  // meta.json matched; this catches a foreign shard file
     MLACP_REQUIRE(item.value().sizes().vec() == shapes[i++], kWhat, "checkpoint parameter does not fit the model",
                   {got("file", file), got("parameter", item.key()), got("loaded", shape_text(item.value()))},
                   "resume with the model and tp of the run that wrote it");
   }
-  optimizer_->load(optimizer_archive);
+  try {
+    optimizer_->load(optimizer_archive);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    fail(kWhat, "the checkpoint's optimizer state cannot be read", {got("file", file), got("error", why.substr(0, why.find('\n')))},
+         way_out);
+  }
   step_ = meta.step;
   sampler_.set_position(meta.data_position);
 }

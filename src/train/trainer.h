@@ -76,8 +76,16 @@ struct CheckpointMeta {
   int64_t batch = 0;
   std::string dtype;
   uint64_t seed = 0;
+  std::string folder;         // the generation folder holding it (see read_checkpoint_meta)
 };
-CheckpointMeta read_checkpoint_meta(const std::string& dir);  // throws mlacp::Error when absent or unreadable
+// A checkpoint folder holds generations: each save writes DIR/.step-NNNNNNNN.partial/ (the TP
+// shards, then meta.json), renames it to DIR/step-NNNNNNNN/ (atomic) and then removes all but
+// the newest kKeptCheckpoints complete generations, so a kill at any moment leaves the last
+// complete one. (A folder written before generations, meta.json directly in DIR, is read too.)
+constexpr int kKeptCheckpoints = 2;
+// The newest complete generation in `dir` (meta.json readable, every shard present); throws
+// mlacp::Error when there is none, naming what was found.
+CheckpointMeta read_checkpoint_meta(const std::string& dir);
 
 // A validated configuration and its data, built without any collective.
 struct PreparedTraining {
@@ -124,7 +132,9 @@ double loss_agreement_tolerance(at::ScalarType dtype);
 double max_relative_loss_difference(const std::vector<StepRecord>& run, const std::vector<StepRecord>& reference,
                                     int64_t* common = nullptr);
 // Reads a JSONL log written by mlacp train (throws mlacp::Error when missing or malformed).
-std::vector<StepRecord> read_step_log(const std::string& path);
+// `drop_torn_last_line`: a last line without its newline that does not parse (a write cut by a
+// kill) is left out instead of rejected (a resumed run's own log).
+std::vector<StepRecord> read_step_log(const std::string& path, bool drop_torn_last_line = false);
 
 class Trainer {
  public:

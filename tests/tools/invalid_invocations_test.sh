@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Invalid invocations end in a clear error: non-zero exit within seconds, an "mlacp:" line that
+# Invalid invocations end in a clear error: exit code 2 (invalid input) within seconds, an "mlacp:" line that
 # names the rule, no LibTorch stack trace, no file left behind. (A start on the hostile-input
 # table; each row is one invocation and a text its message must contain.)
 set -u
@@ -12,7 +12,7 @@ row() {  # row "expected text" args...
   local expected="$1"; shift
   local out rc
   out=$(cd "$work" && timeout 60 "$mlacp" "$@" 2>&1); rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "^mlacp\|mlacp:" <<<"$out" || ! grep -qF -- "$expected" <<<"$out" \
+  if [ "$rc" -ne 2 ] || ! grep -q "^mlacp\|mlacp:" <<<"$out" || ! grep -qF -- "$expected" <<<"$out" \
      || grep -q "Exception raised from\|frame #" <<<"$out"; then
     echo "FAIL (exit $rc): mlacp $*"; echo "$out" | tail -5 | sed 's/^/    /'
     failures=$((failures + 1))

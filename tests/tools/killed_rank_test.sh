@@ -24,7 +24,11 @@ wait $r0; status=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 echo "rank 0 exit status $status after ${elapsed}s; its last error line:"
 tail -n 1 "$work/r0.err"
-[ "$status" -ne 0 ] || { echo "FAIL: rank 0 exited 0"; exit 1; }
+[ "$status" -eq 4 ] || { echo "FAIL: rank 0 exited $status, not 4 (a runtime fault)"; exit 1; }
+grep -q "mlacp: communication: a collective failed: a peer rank exited or stalled" "$work/r0.err" \
+  || { echo "FAIL: rank 0 did not say that a peer failed"; exit 1; }
+grep -q "pair.cc\|Exception raised from\|frame #" <(grep -v "cause=" "$work/r0.err") \
+  && { echo "FAIL: raw backend text outside the mlacp message"; exit 1; }
 (( $(echo "$elapsed < $timeout_s + 5" | bc) )) || { echo "FAIL: rank 0 took ${elapsed}s (timeout ${timeout_s}s)"; exit 1; }
 grep -qiE "mlacp: |error" "$work/r0.err" || { echo "FAIL: no clear error from rank 0"; exit 1; }
 echo "PASS"

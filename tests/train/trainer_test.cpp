@@ -3,8 +3,10 @@
 // run within 1e-9; float32 loss curves within 1e-4; bf16 autocast trains and stays within the
 // documented bound of float32; resuming from a checkpoint continues the same curve; bad input
 // is a clear mlacp::Error before any collective.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -19,6 +21,7 @@ namespace mlacp::train {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using test::RunResult;
 
 constexpr int64_t kParitySteps = 20;
@@ -147,7 +150,8 @@ TEST(TrainCheckpoint, ResumedRunContinuesTheSameLossCurve) {
   EXPECT_EQ(meta.step, stop);
   EXPECT_EQ(meta.data_position, stop * config.batch);
 
-  std::filesystem::copy(first.checkpoint_dir, dir.file("ckpt-copy"));  // for the layout change below
+  std::filesystem::copy(first.checkpoint_dir, dir.file("ckpt-copy"),
+                        std::filesystem::copy_options::recursive);  // for the layout change below
 
   TrainConfig second = config;
   second.checkpoint_dir = first.checkpoint_dir;
@@ -170,6 +174,90 @@ TEST(TrainCheckpoint, ResumedRunContinuesTheSameLossCurve) {
   const RunResult c = test::load_result(dir.file("single.pt"));
   const std::vector<double> tail(whole.losses.begin() + stop, whole.losses.end());
   EXPECT_LE(test::max_relative_loss_error(c.losses, tail), kFloat64Parity);
+}
+
+// Generations: each save is a new folder switched in by a rename; the two newest stay. A save cut
+// by a kill (a .partial folder, or a generation without meta.json) is passed over, and the run
+// resumed from the newest complete one continues the uninterrupted loss curve.
+TEST(TrainCheckpoint, KeepsTwoGenerationsAndResumesFromTheNewestComplete) {
+  namespace fs = std::filesystem;
+  test::TempDir dir("generations");
+  constexpr int64_t steps = 7, stop = 4;
+  TrainConfig config = test::small_config(at::kDouble, steps);
+  ASSERT_TRUE(test::run_training(config, dir.file("whole.pt")));
+  TrainConfig first = config;
+  first.steps = stop;
+  first.checkpoint_dir = dir.file("ckpt");
+  first.checkpoint_every = 1;
+  ASSERT_TRUE(test::run_training(first, dir.file("first.pt")));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(first.checkpoint_dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000003", "step-00000004"}));
+
+  // A killed save of step 5 (shard written, no meta.json) and a torn step 6 (meta.json, no shard).
+  const fs::path ckpt = first.checkpoint_dir;
+  fs::create_directories(ckpt / ".step-00000005.partial");
+  std::ofstream(ckpt / ".step-00000005.partial" / "tp0-of-1.pt") << "half a shard";
+  fs::create_directories(ckpt / "step-00000006");
+  fs::copy_file(ckpt / "step-00000004" / "meta.json", ckpt / "step-00000006" / "meta.json");
+  const CheckpointMeta meta = read_checkpoint_meta(first.checkpoint_dir);
+  EXPECT_EQ(meta.step, stop);
+  EXPECT_EQ(fs::path(meta.folder).filename(), "step-00000004");
+  fs::remove_all(ckpt / "step-00000006");
+
+  TrainConfig second = config;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.checkpoint_every = 1;
+  second.resume = true;
+  ASSERT_TRUE(test::run_training(second, dir.file("second.pt")));
+  const RunResult whole = test::load_result(dir.file("whole.pt")), b = test::load_result(dir.file("second.pt"));
+  ASSERT_EQ(b.losses.size(), static_cast<size_t>(steps - stop));
+  for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], whole.losses[stop + i]) << "step " << stop + i + 1;
+  names.clear();
+  for (const auto& e : fs::directory_iterator(first.checkpoint_dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000007"}));  // the stale partial is gone
+}
+
+// A corrupted shard of the newest generation: an mlacp error naming the file and the previous
+// generation, not LibTorch's stream reader text; a meta.json with a non-numeric field likewise.
+TEST(TrainCheckpoint, CorruptedFilesAreNamedWithTheWayOut) {
+  namespace fs = std::filesystem;
+  test::TempDir dir("corrupt");
+  TrainConfig first = test::small_config(at::kDouble, 2);
+  first.checkpoint_dir = dir.file("ckpt");
+  first.checkpoint_every = 1;
+  ASSERT_TRUE(test::run_training(first, dir.file("first.pt")));
+  const fs::path shard = fs::path(first.checkpoint_dir) / "step-00000002" / "tp0-of-1.pt";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  TrainConfig resume = first;
+  resume.steps = 3;
+  resume.resume = true;
+  EXPECT_TRUE(mlacp::test::run_ranks(1, [&](int rank, int world, const std::string& store) {
+    ParallelGroups groups = mlacp::test::make_groups(rank, world, store, resume.mesh);
+    try {
+      Trainer trainer(resume, groups);
+      ADD_FAILURE() << "a truncated shard was loaded";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_THAT(what, HasSubstr("checkpoint shard cannot be read"));
+      EXPECT_THAT(what, HasSubstr(shard.string()));
+      EXPECT_THAT(what, HasSubstr("to resume from " + (fs::path(first.checkpoint_dir) / "step-00000001").string()));
+      EXPECT_THAT(what, Not(HasSubstr("frame #")));
+    }
+  }));
+  std::ofstream(fs::path(first.checkpoint_dir) / "step-00000002" / "meta.json")
+      << R"({"step": "two", "data_position": 2, "tp": 1})";
+  const CheckpointMeta meta = read_checkpoint_meta(first.checkpoint_dir);  // step 2 is passed over
+  EXPECT_EQ(meta.step, 1);
+  fs::remove_all(fs::path(first.checkpoint_dir) / "step-00000001");
+  try {
+    read_checkpoint_meta(first.checkpoint_dir);
+    ADD_FAILURE() << "no complete generation left, yet one was found";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("\"step\" is missing or not an integer"));
+  }
 }
 
 TEST(TrainCheckpoint, RejectsACheckpointOfAnotherRun) {
