@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev         # tests
   nlohmann-json3-dev libcli11-dev   # config.json / --json, the command line
   gnuplot-nox                       # loss-curve plots
+  python3 procps                    # test scripts (the option fuzz harness, pgrep)
 )
 
 missing=()

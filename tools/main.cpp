@@ -4,6 +4,9 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <cmath>
+#include <cerrno>
+#include <regex>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -69,6 +72,26 @@ int relaunch_local(const CommonArgs& common, int nproc) {
 
 }  // namespace mlacp::tools
 
+namespace {
+
+// An argument that is written as a number but does not fit int64 (integers) or a finite double.
+bool out_of_range_number(const std::string& arg) {
+  static const std::regex integer(R"([+-]?[0-9]+)"), decimal(R"([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)");
+  if (std::regex_match(arg, integer)) {
+    errno = 0;
+    (void)std::strtoll(arg.c_str(), nullptr, 10);
+    return errno == ERANGE;
+  }
+  if (std::regex_match(arg, decimal)) {
+    errno = 0;
+    const double v = std::strtod(arg.c_str(), nullptr);
+    return errno == ERANGE && !std::isfinite(v);
+  }
+  return false;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace mlacp::tools;
   // Before the first tensor: freed activations are reused instead of page-faulted in each step.
@@ -92,6 +115,24 @@ int main(int argc, char** argv) {
   CLI::App* kernel_bench_cmd = add_kernel_bench_command(app, kernel_bench);
   TrainArgs train;
   CLI::App* train_cmd = add_train_command(app, train);
+  // Values no option accepts, which CLI11 would take silently: an empty value (it leaves the
+  // default in place) and a number beyond int64/double (CLI11 clamps it to the largest value).
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string option = i > 1 && argv[i - 1][0] == '-' ? std::string(argv[i - 1]) : std::string("an option");
+    if (arg.empty() || arg.find_first_not_of(" \t") == std::string::npos) {
+      std::cerr << "mlacp: invalid command line: " << option
+                << " was given an empty value; got an empty argument at position " << i
+                << "; give the value or drop the option (mlacp <command> --help lists the options)\n";
+      return kExitInvalidInput;
+    }
+    if (out_of_range_number(arg)) {
+      std::cerr << "mlacp: invalid command line: " << option << " " << arg
+                << ": the number is out of range for any option (integers below 2^63, finite floats); "
+                << "mlacp <command> --help lists each option's range\n";
+      return kExitInvalidInput;
+    }
+  }
   // An unknown command is named as such (CLI11 would only say a subcommand is required).
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -445,6 +445,13 @@ int run_launcher(const CommonArgs& common, const TrainArgs& args) {
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
   fs::remove(follow);
+  struct RemoveAtExit {  // also when reading it or reporting throws
+    std::string path;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } remove_follow{follow};
   if (resumed > 0 && !args.log.empty() && fs::exists(args.log))  // rank 0 keeps its records up to `resumed`
     fs::copy_file(args.log, follow, fs::copy_options::overwrite_existing);
   const std::vector<std::string> rank_args =

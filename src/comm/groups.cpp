@@ -1,5 +1,6 @@
 // Rendezvous and group construction: one store, one prefix per group, created in the same order
 // on every rank (each rank builds only the groups it belongs to).
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
@@ -18,6 +19,13 @@ namespace mlacp {
 namespace {
 
 constexpr const char* kWhat = "process groups";
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+bool contains_nocase(std::string text, const std::string& lower_needle) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text.find(lower_needle) != std::string::npos;
+}
 
 int64_t env_int(const char* name, bool required, int64_t fallback) {
   const char* text = std::getenv(name);
@@ -68,7 +76,18 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
     std::string prefix = name + "/";
     for (int64_t m : members) prefix += std::to_string(m) + ",";
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-    impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
+    try {
+      impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // a rank that never came, or a connection refused
+      fail_fault(kWhat, "not every rank of the group arrived within the timeout",
+                 {got("group", name), got("group_size", impl->size), got("world_rank", world_rank),
+                  got("timeout_s", static_cast<double>(options.timeout.count()) / 1000.0),
+                  got("cause", first_line(e.what()))},
+                 "start every rank (WORLD_SIZE of them) with the same MASTER_ADDR and MASTER_PORT; raise --timeout "
+                 "if some start late");
+    }
   }
   return CommGroup(impl);
 }
@@ -150,9 +169,26 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
   store_options.isServer = world.rank == 0;
   store_options.numWorkers = static_cast<size_t>(world.size);
   store_options.timeout = timeout;
+  // Rank 0 does not wait here for the others to connect: the groups' own rendezvous waits for
+  // them, so a missing rank costs one --timeout, not two.
+  store_options.waitWorkers = false;
   Rendezvous r;
   r.impl_ = std::make_shared<Impl>();
-  r.impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  try {
+    r.impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  } catch (const std::exception& e) {
+    const std::string cause = first_line(e.what());
+    const std::vector<ErrorValue> values{got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port),
+                                         got("rank", world.rank), got("cause", cause)};
+    if (world.rank == 0 && (contains_nocase(e.what(), "address already in use") ||
+                            contains_nocase(e.what(), "failed to listen") || contains_nocase(e.what(), "eaddrinuse")))
+      fail(kWhat, "rank 0 cannot serve the rendezvous store: MASTER_PORT is taken on this host", values,
+           "pick a free MASTER_PORT (mlacp's own --nproc launcher needs none)");
+    fail_fault(kWhat, "the rendezvous store at MASTER_ADDR:MASTER_PORT could not be reached within the timeout",
+               {got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port), got("rank", world.rank),
+                got("timeout_s", static_cast<double>(timeout.count()) / 1000.0), got("cause", cause)},
+               "start rank 0 (it serves the store) and check MASTER_ADDR and MASTER_PORT");
+  }
   r.impl_->world = world;
   return r;
 }

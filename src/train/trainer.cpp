@@ -387,6 +387,12 @@ StepRecord Trainer::step() {
   for (const CommGroup* g : {&groups_.cp, &groups_.dp})
     if (g->size() > 1) global_loss = launch_all_reduce_sum(*g, global_loss, "loss").wait_one();
   r.loss = global_loss.item<double>();
+  // Every rank holds the same all-reduced loss and global gradient norm: all stop alike, before
+  // a checkpoint of non-finite weights could be written.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+    fail_fault(kWhat, "the training diverged: the loss or the gradient norm is not finite",
+               {got("step", r.step), got("loss", r.loss), got("grad_norm", r.grad_norm), got("lr", r.lr)},
+               "lower --lr (or lengthen --warmup), or clip gradients with --grad-clip");
   step_ = r.step;
   const double end = now_seconds();
   r.tokens = config_.batch * config_.seq_len;

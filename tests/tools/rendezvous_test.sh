@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Rendezvous under torchrun-style variables: a taken MASTER_PORT is an invalid input naming the
+# port (exit 2), a rank whose peers never come fails within about one --timeout (exit 4) with
+# an mlacp message, and neither prints c10d's raw text or a stack trace.
+# Usage: rendezvous_test.sh MLACP
+set -u
+mlacp="$(realpath "$1")"
+work=$(mktemp -d)
+holder=0
+trap 'kill "$holder" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+port=$(( 20000 + RANDOM % 20000 ))
+python3 -c "
+import socket, sys, time
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('::', $port)); s.listen(1); print('ready', flush=True); time.sleep(120)" >"$work/holder.out" 2>&1 &
+holder=$!
+for _ in $(seq 50); do grep -q ready "$work/holder.out" && break; sleep 0.1; done
+out=$(env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$mlacp" verify --timeout 5 \
+      --case latent-p2-u2-head_tail 2>&1); rc=$?
+if [ "$rc" -ne 2 ] || ! grep -q "mlacp: process groups: rank 0 cannot serve the rendezvous store: MASTER_PORT is taken" <<<"$out" \
+   || ! grep -q "MASTER_PORT=$port" <<<"$out" || grep -q "frame #\|Exception raised from" <<<"$out"; then
+  fail "taken MASTER_PORT (exit $rc)"; echo "$out" | tail -3 | sed 's/^/    /'
+fi
+kill "$holder" 2>/dev/null
+
+port=$(( 20000 + RANDOM % 20000 ))
+start=$SECONDS
+out=$(env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$mlacp" verify --timeout 4 \
+      --case latent-p2-u2-head_tail 2>&1); rc=$?
+took=$((SECONDS - start))
+if [ "$rc" -ne 4 ] || ! grep -q "mlacp: process groups: not every rank of the group arrived within the timeout" <<<"$out" \
+   || grep -q "frame #\|Exception raised from" <<<"$out"; then
+  fail "a missing rank (exit $rc)"; echo "$out" | tail -3 | sed 's/^/    /'
+fi
+[ "$took" -le 8 ] || fail "a missing rank took ${took}s with --timeout 4 (bound: one timeout plus start-up)"
+echo "missing rank: exit $rc after ${took}s (--timeout 4)"
+if [ "$failures" -eq 0 ]; then echo PASS; else echo "$failures failure(s)"; exit 1; fi
