@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -301,9 +302,22 @@ std::vector<Rank*> reap_exited(std::vector<Rank>& ranks) {
 }
 
 struct Outcome {
-  Rank* failed = nullptr;  // the first rank that failed
-  int signal = 0;          // the signal that interrupted the launcher, when none failed first
+  Rank* failed = nullptr;   // the first rank that failed
+  Rank* stopped = nullptr;  // a rank found stopped (SIGSTOP, a debugger) when that happened
+  int signal = 0;           // the signal that interrupted the launcher, when none failed first
 };
+
+// Whether a running rank is stopped (process state T or t in /proc/PID/stat): its peers then
+// time out waiting for it, and it, not they, is the cause.
+bool is_stopped(const Rank& r) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(r.pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close = std::strrchr(buf, ')');  // the state follows "(comm) "
+  return n > 0 && close && (close[2] == 'T' || close[2] == 't');
+}
 
 Outcome supervise(std::vector<Rank>& ranks, std::chrono::milliseconds grace, Sinks& sinks) {
   Outcome outcome;
@@ -321,6 +335,8 @@ Outcome supervise(std::vector<Rank>& ranks, std::chrono::milliseconds grace, Sin
     for (Rank* r : reap_exited(ranks))
       if (!stopping && r->status != 0) {
         outcome.failed = r;
+        for (Rank& other : ranks)
+          if (other.running && is_stopped(other)) outcome.stopped = &other;
         stop(SIGTERM);
       }
     if (g_signal_count != signals_seen) {
@@ -402,6 +418,14 @@ int launch_local(const LaunchOptions& options, const std::vector<std::string>& a
   }
   Sinks sinks{out, err};
   const Outcome outcome = supervise(ranks, std::max(options.grace, std::chrono::milliseconds(0)), sinks);
+  if (outcome.failed != nullptr && outcome.stopped != nullptr) {
+    const Rank& r = *outcome.failed;
+    err << "mlacp launch: rank " << outcome.stopped->index
+        << " is stopped (process state T: SIGSTOP or a debugger) and did not answer; rank " << r.index
+        << " failed waiting for it (" << describe(r.status)
+        << "); its error: " << (r.last_error.empty() ? "(none)" : r.last_error) << std::endl;
+    return exit_code(r.status);
+  }
   if (outcome.failed != nullptr) {
     const Rank& r = *outcome.failed;
     err << "mlacp launch: rank " << r.index << " failed (" << describe(r.status)
