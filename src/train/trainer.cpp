@@ -472,11 +472,15 @@ void Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const CheckpointMeta& meta) {
   const std::string file = shard_file(meta.folder, groups_.tp_rank, config_.mesh.tp);
-  // What to do when this generation is unusable: the previous complete one, if any.
-  std::string way_out = "resume from an earlier complete checkpoint";
-  for (const CheckpointMeta& g : complete_generations(config_.checkpoint_dir))
-    if (g.step < meta.step) way_out = "remove " + meta.folder + " to resume from " + g.folder + " (step " +
-                                      std::to_string(g.step) + ")";
+  // What to do when this generation is unusable: the previous complete one, if any (looked up
+  // only on failure: the folder scan reads every generation's meta.json).
+  const auto way_out = [&] {
+    std::string way = "resume from an earlier complete checkpoint";
+    for (const CheckpointMeta& g : complete_generations(config_.checkpoint_dir))
+      if (g.step < meta.step)
+        way = "remove " + meta.folder + " to resume from " + g.folder + " (step " + std::to_string(g.step) + ")";
+    return way;
+  };
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   at::Tensor step, position;
   try {
@@ -489,14 +493,14 @@ void Trainer::load_checkpoint(const CheckpointMeta& meta) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));  // LibTorch's first line, not its stack trace
     fail(kWhat, "a checkpoint shard cannot be read (truncated, corrupted or not a checkpoint)",
-         {got("file", file), got("error", why)}, way_out);
+         {got("file", file), got("error", why)}, way_out());
   }
   MLACP_REQUIRE(step.numel() == 1 && position.numel() == 1, kWhat, "a checkpoint shard lacks its step record",
-                {got("file", file)}, way_out);
+                {got("file", file)}, way_out());
   MLACP_REQUIRE(step.item<int64_t>() == meta.step && position.item<int64_t>() == meta.data_position, kWhat,
                 "checkpoint shard and meta.json disagree (an interrupted save)",
                 {got("file", file), got("shard.step", step.item<int64_t>()), got("meta.step", meta.step)},
-                way_out);
+                way_out());
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& p : model_->parameters()) shapes.push_back(p.sizes().vec());
   try {
@@ -517,7 +521,7 @@ void Trainer::load_checkpoint(const CheckpointMeta& meta) {
   } catch (const std::exception& e) {
     std::string why = e.what();
     fail(kWhat, "the checkpoint's optimizer state cannot be read", {got("file", file), got("error", why.substr(0, why.find('\n')))},
-         way_out);
+         way_out());
   }
   step_ = meta.step;
   sampler_.set_position(meta.data_position);
