@@ -28,6 +28,7 @@ set(MLACP_ALLOWED_train   core plan comm kernels model runtime)
 set(MLACP_PUBLIC_HEADERS
   errors.h=core
   plan.h=plan
+  memory.h=plan
   comm.h=comm
   c10d_groups.h=comm
   config.h=model

@@ -3,6 +3,7 @@
 #   MLACP_LIBTORCH=debian (default): Debian's LibTorch 1.13, into build/
 #   MLACP_LIBTORCH=wheel: the LibTorch inside the PyTorch 2.x wheel of .venv (scripts/setup-python.sh),
 #                         into build-torch2/, with the Python extension mlacp._C
+#   MLACP_SANITIZE=1 (with debian): AddressSanitizer + UndefinedBehaviorSanitizer, into build-asan/
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 libtorch="${MLACP_LIBTORCH:-debian}"
@@ -12,8 +13,16 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"   # cache hits across clones (C
 jobs="${MLACP_BUILD_JOBS:-$(nproc)}"
 case "$libtorch" in
   debian)
-    build="${MLACP_BUILD_DIR:-$root/build}"
-    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null ;;
+    if [[ "${MLACP_SANITIZE:-0}" == 1 ]]; then
+      # -O1 keeps the suite's multi-rank tests within CI time; every UB report is an error.
+      build="${MLACP_BUILD_DIR:-$root/build-asan}"
+      san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+      cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g1 -DNDEBUG" \
+        -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+    else
+      build="${MLACP_BUILD_DIR:-$root/build}"
+      cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    fi ;;
   wheel)
     build="${MLACP_BUILD_DIR:-$root/build-torch2}"
     python="${MLACP_VENV:-$root/.venv}/bin/python"

@@ -23,6 +23,7 @@
 #include "bench_stats.h"
 #include "check/cases.h"
 #include "commands.h"
+#include "memory_check.h"
 #include "output_file.h"
 #include "core/compat.h"
 #include "core/format.h"
@@ -168,6 +169,58 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   return cmd;
 }
 
+// The layer of the run and every check that needs no collective; the launcher runs it before
+// starting any rank (world_size = --nproc), each rank again before its first collective.
+struct BenchSetup {
+  MlaConfig cfg;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<CpStrategy> strategies;
+  MeshShape shape;
+};
+
+BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t world_size, int launcher_ranks) {
+  BenchSetup b;
+  MlaConfig& cfg = b.cfg;
+  cfg = preset_config("tiny");
+  cfg.hidden_size = a.hidden;
+  cfg.num_heads = a.heads;
+  cfg.q_lora_rank = a.q_rank;
+  cfg.kv_lora_rank = a.kv_rank;
+  cfg.qk_nope_head_dim = a.nope;
+  cfg.qk_rope_head_dim = a.rope;
+  cfg.v_head_dim = a.value;
+  cfg.output_gate = a.gate;
+  cfg.validate();
+  b.dtype = parse_dtype(a.dtype);
+  for (const auto& s : a.strategies) b.strategies.push_back(parse_strategy(s));
+  if (b.strategies.empty()) b.strategies = {CpStrategy::expanded_ulysses, CpStrategy::latent_kv_head};
+  b.shape = MeshShape{1, world_size, 1, a.ulysses};
+  for (CpStrategy s : b.strategies) CpPlan(plan_spec_for(cfg, b.shape, s, CpPartition::head_tail, true));
+  check_shardable(CpPartition::head_tail, a.seq, world_size);
+  MLACP_REQUIRE(a.transfer_fraction > 0.0 && a.transfer_fraction <= 4.0, "bench",
+                "--transfer-fraction must be in (0, 4]", {got("transfer_fraction", a.transfer_fraction)},
+                "0.5 sizes each overlapped transfer to half of the computation under it");
+  // Memory: the global inputs, every strategy's module, one strategy's step at a time.
+  LayerShape layer;
+  layer.batch = a.batch;
+  layer.seq_len = a.seq;
+  layer.hidden = a.hidden;
+  layer.output_gate = a.gate;
+  layer.element_bytes = b.dtype == at::kDouble ? 8 : 4;
+  MemoryEstimate estimate, largest;
+  for (CpStrategy s : b.strategies) {
+    const CpPlan plan(plan_spec_for(cfg, b.shape, s, CpPartition::head_tail, true));
+    const MemoryEstimate m = layer_memory(plan, layer);
+    if (m.total() > largest.total()) largest = m;
+    estimate.add("other modules' parameters", 2.0 * layer_parameter_elements(plan, layer) * layer.element_bytes);
+  }
+  estimate.add(largest);
+  estimate.add("global inputs", 2.0 * static_cast<double>(a.batch) * static_cast<double>(a.seq) *
+                                    static_cast<double>(a.hidden) * layer.element_bytes);
+  check_run_memory(common, "bench", estimate, launcher_ranks);
+  return b;
+}
+
 int run_bench(const CommonArgs& common, const BenchArgs& a) {
   if (!a.json_path.empty()) check_output_file("--json", a.json_path);  // before any rank starts
   MLACP_REQUIRE(std::isfinite(a.bandwidth_gbps) && a.bandwidth_gbps >= 0.0, "bench",
@@ -177,6 +230,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                 "--latency-us must be a finite number >= 0", {got("latency_us", a.latency_us)},
                 "pass e.g. --latency-us 20");
   if (!launched_as_rank()) {
+    bench_setup(common, a, a.nproc, a.nproc);  // every rule before any rank starts
     // Each local rank on its own cores unless asked otherwise: on a small host an unpinned rank
     // migrates and the two ranks' speeds drift apart, which shows up as waiting.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -189,29 +243,13 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   apply_threads(common);
   const WorldInfo world = world_from_env();
   const bool lead = world.rank == 0;
-  MlaConfig cfg = preset_config("tiny");
-  cfg.hidden_size = a.hidden;
-  cfg.num_heads = a.heads;
-  cfg.q_lora_rank = a.q_rank;
-  cfg.kv_lora_rank = a.kv_rank;
-  cfg.qk_nope_head_dim = a.nope;
-  cfg.qk_rope_head_dim = a.rope;
-  cfg.v_head_dim = a.value;
-  cfg.output_gate = a.gate;
-  cfg.validate();
-  const at::ScalarType dtype = parse_dtype(a.dtype);
+  const BenchSetup setup = bench_setup(common, a, world.size, 0);  // every check before the first collective
+  const MlaConfig& cfg = setup.cfg;
+  const at::ScalarType dtype = setup.dtype;
   const bool bf16 = dtype == at::kBFloat16;
   const at::ScalarType param_dtype = bf16 ? at::kFloat : dtype;
-  std::vector<CpStrategy> strategies;
-  for (const auto& s : a.strategies) strategies.push_back(parse_strategy(s));
-  if (strategies.empty()) strategies = {CpStrategy::expanded_ulysses, CpStrategy::latent_kv_head};
-  const MeshShape shape{1, world.size, 1, a.ulysses};
-  // Every check before the first collective.
-  for (CpStrategy s : strategies) CpPlan(plan_spec_for(cfg, shape, s, CpPartition::head_tail, true));
-  check_shardable(CpPartition::head_tail, a.seq, world.size);
-  MLACP_REQUIRE(a.transfer_fraction > 0.0 && a.transfer_fraction <= 4.0, "bench",
-                "--transfer-fraction must be in (0, 4]", {got("transfer_fraction", a.transfer_fraction)},
-                "0.5 sizes each overlapped transfer to half of the computation under it");
+  const std::vector<CpStrategy>& strategies = setup.strategies;
+  const MeshShape shape = setup.shape;
   if (!a.trace_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.trace_dir, ec);

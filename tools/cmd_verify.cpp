@@ -16,6 +16,7 @@
 #include "check/cp_checks.h"
 #include "check/single_device_checks.h"
 #include "commands.h"
+#include "memory_check.h"
 #include "output_file.h"
 #include "core/format.h"
 #include "mlacp/checkpoint.h"
@@ -244,6 +245,19 @@ int run_single_device(const VerifyArgs& args) {
   return report.finish(args.json_path, "single-device", {});
 }
 
+// The case with the largest memory estimate (cases run one after another).
+MemoryEstimate largest_case_memory(const std::vector<CpCase>& cases) {
+  MemoryEstimate largest;
+  for (const CpCase& c : cases) {
+    const MemoryEstimate m = cp_case_memory(c);
+    if (m.total() > largest.total()) {
+      largest = MemoryEstimate{};
+      largest.add(m, 1.0, cases.size() > 1 ? "case " + c.name + ": " : "");
+    }
+  }
+  return largest;
+}
+
 int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
   apply_threads(common);
   const WorldInfo world = world_from_env();
@@ -254,6 +268,18 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
     if (lead)
       for (const auto& c : cases) std::cout << c.describe() << "\n";
     return 0;
+  }
+  {
+    // Before the first collective (a rank of torchrun; mlacp's launcher checked already).
+    std::vector<CpCase> valid;
+    for (const CpCase& c : cases) {
+      try {
+        validate_cp_case(c, world.size);
+        valid.push_back(c);
+      } catch (const Error&) {  // reported as a rejected row below
+      }
+    }
+    check_run_memory(common, "verify", largest_case_memory(valid), 0);
   }
   Report report;
   if (lead && !named && !args.adhoc.given) {
@@ -326,8 +352,11 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
   if (launched_as_rank()) return run_as_rank(common, args);
   // Every rule that needs no collective, here, before any rank starts: one clear error (a rank
   // that exits early would otherwise make the launcher stop the others before they print it).
-  if (!args.list)
-    for (const CpCase& c : select_cp_cases(args, args.nproc, /*read_weights=*/false)) validate_cp_case(c, args.nproc);
+  if (!args.list) {
+    const std::vector<CpCase> cases = select_cp_cases(args, args.nproc, /*read_weights=*/false);
+    for (const CpCase& c : cases) validate_cp_case(c, args.nproc);
+    check_run_memory(common, "verify", largest_case_memory(cases), args.nproc);
+  }
   return relaunch_local(common, args.nproc);
 }
 

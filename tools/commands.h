@@ -23,6 +23,7 @@ struct CommonArgs {
   int threads = 0;  // 0: all cores of this host, divided among local ranks
   bool pin_cores = false;  // pin local rank r to its own block of cores (benchmarks on small hosts)
   bool batch_scheduling = false;  // ranks under SCHED_BATCH (core/threads.h)
+  std::string memory_limit;       // --memory-limit: "" (90% of available), "off" or GiB (memory_check.h)
   std::vector<std::string> argv;  // the whole command line (for re-launching ranks)
 };
 

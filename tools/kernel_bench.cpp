@@ -1,5 +1,6 @@
 // `mlacp bench-kernel`: see kernel_bench.h.
 #include "kernel_bench.h"
+#include "memory_check.h"
 
 #include "output_file.h"
 
@@ -216,6 +217,17 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
     MLACP_REQUIRE(path_supported(path_of(path)), "bench-kernel --path",
                   "the path needs CPU features this machine lacks", {got("--path", path)},
                   "mlacp info lists the CPU's extensions; use automatic");
+  }
+  {
+    // The largest row: q, k, v, out and their gradients (dO, dq, dk, dv), in float32 for the bf16
+    // paths' widened copies too, plus the head-major K/V copy and its dK/dV.
+    MemoryEstimate estimate;
+    const int64_t longest = *std::max_element(args.seq_lens.begin(), args.seq_lens.end());
+    const double rows = static_cast<double>(args.batch) * static_cast<double>(args.heads) * static_cast<double>(longest);
+    const double width = 2.0 * static_cast<double>(args.dqk) + 2.0 * static_cast<double>(args.dv);
+    estimate.add("inputs, output and gradients", rows * width * 4.0 * (args.skip_backward ? 1.0 : 2.0));
+    estimate.add("kernel buffers", rows * width * 4.0);
+    check_run_memory(common, "bench-kernel", estimate, 1);
   }
   apply_threads(common);
   install_memory_probe();

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "kernel_bench.h"
 #include "launcher.h"
+#include "memory_check.h"
 #include "train_command.h"
 #include "mlacp/errors.h"
 #include "core/host_allocator.h"
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   app.add_flag("--pin-cores", common.pin_cores, "pin each local rank to its own cores (steadier benchmarks)");
   app.add_flag("--batch-sched", common.batch_scheduling,
                "run ranks under SCHED_BATCH: backend threads do not preempt computation (CPU hosts)");
+  add_memory_limit_option(app, common.memory_limit);
   InfoArgs info;
   VerifyArgs verify;
   BenchArgs bench;
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
   // An unknown command is named as such (CLI11 would only say a subcommand is required).
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--threads") {
+    if (arg == "--threads" || arg == "--memory-limit") {
       ++i;
       continue;
     }

@@ -26,6 +26,7 @@
 
 #include "core/format.h"
 #include "launcher.h"
+#include "memory_check.h"
 #include "output_file.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
@@ -363,6 +364,7 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   set_rank_threads(common);
   const WorldInfo world = world_from_env();
   train::PreparedTraining prepared = prepare_rank(args, world.size);
+  check_run_memory(common, kWhat, train::training_memory(prepared.config), 0);  // before the first collective
   const train::TrainConfig config = prepared.config;
   const bool lead = world.rank == 0;
   const bool own_report = args.progress_log.empty();
@@ -441,6 +443,7 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
 
 int run_launcher(const CommonArgs& common, const TrainArgs& args) {
   const train::PreparedTraining prepared = prepare_rank(args, args.nproc);  // errors once, before any launch
+  check_run_memory(common, kWhat, train::training_memory(prepared.config), args.nproc);
   if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before training, not after it
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
@@ -489,6 +492,8 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   parallel.compare = single.compare = false;
   const train::PreparedTraining p = prepare_rank(parallel, args.nproc);
   const train::PreparedTraining s = prepare_rank(single, 1);
+  check_run_memory(common, kWhat, train::training_memory(p.config), args.nproc);  // the runs take turns
+  check_run_memory(common, kWhat, train::training_memory(s.config), 1);
   if (!args.reference.empty()) read_reference_log(args.reference);
   if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before any folder or run
   fs::create_directories(args.out_dir);

@@ -197,6 +197,47 @@ CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
 
 }  // namespace
 
+MemoryEstimate cp_case_memory(const CpCase& c) {
+  const MlaConfig& cfg = c.base.config;
+  const auto bytes_of = [](at::ScalarType t) -> int64_t { return t == at::kDouble ? 8 : 4; };  // bf16: f32 masters
+  LayerShape shape;
+  shape.batch = c.base.batch / std::max<int64_t>(1, c.mesh.dp);
+  shape.seq_len = c.base.seq_len;
+  shape.hidden = cfg.hidden_size;
+  shape.q_latent = cfg.q_lora_rank.has_value();
+  shape.output_gate = cfg.output_gate;
+  shape.element_bytes = bytes_of(c.dtype);
+  CpPlanSpec cp_spec = plan_spec_for(cfg, c.mesh, c.strategy, c.partition, c.overlap);
+  cp_spec.kernel = c.kernel;
+  const MemoryEstimate cp_run = layer_memory(CpPlan(cp_spec), shape);
+  // The oracle: the whole batch on one rank with the reference's kernel, float64 (float32 for a
+  // float32 case computed on rank 0 alone); a bf16 case also runs float32 under autocast.
+  CpPlanSpec one_spec = plan_spec_for(cfg, MeshShape{1, 1, 1}, c.strategy, c.partition, false);
+  one_spec.kernel = c.reference_kernel;
+  const CpPlan one(one_spec);
+  LayerShape whole = shape;
+  whole.batch = c.base.batch;
+  whole.element_bytes = c.reference_on_rank0 && c.dtype == at::kFloat ? 4 : 8;
+  MemoryEstimate oracle = layer_memory(one, whole);
+  if (c.dtype == at::kBFloat16) {
+    whole.element_bytes = 4;
+    MemoryEstimate single_bf16 = layer_memory(one, whole);
+    if (single_bf16.total() > oracle.total()) oracle = single_bf16;
+  }
+  // The phases run one after the other: the peak is the largest, plus the results kept between
+  // them (the oracle's output and gradients in float64, the inputs).
+  const double S = static_cast<double>(c.base.seq_len), B = static_cast<double>(c.base.batch);
+  const double mask_build = c.base.band_width > 0 ? 17.0 * S * S : 0.0;  // (i - j).abs() < band in int64
+  MemoryEstimate m;
+  const MemoryEstimate& largest = oracle.total() >= cp_run.total() ? oracle : cp_run;
+  if (mask_build > largest.total()) m.add("band mask (built)", mask_build);
+  else m.add(largest, 1.0, &largest == &oracle ? "oracle " : "CP run ");
+  const double params = layer_parameter_elements(one, whole);
+  m.add("kept results", (3.0 * B * S * static_cast<double>(cfg.hidden_size) + 2.0 * params) * 8.0 +
+                            (c.base.band_width > 0 ? S * S : 0.0));
+  return m;
+}
+
 std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
   validate_cp_case(c, groups.world_info.size);
   const MlaConfig& cfg = c.base.config;

@@ -10,6 +10,7 @@
 #include "check/cases.h"
 #include "check/single_device_checks.h"
 #include "mlacp/comm.h"
+#include "mlacp/memory.h"
 #include "mlacp/plan.h"
 
 namespace mlacp {
@@ -37,6 +38,11 @@ constexpr double kOverlapTolerance = 0.0;  // overlap on vs off, every dtype: id
 
 // Checks that need no collective (run on every rank before the first one).
 void validate_cp_case(const CpCase& c, int64_t world_size);
+
+// Peak bytes one rank holds while running the case (the CP run, the single-device oracle it is
+// compared with, their results), from shapes alone: checked against the host before any rank
+// starts (include/mlacp/memory.h).
+MemoryEstimate cp_case_memory(const CpCase& c);
 
 // Runs the case on this rank's groups, whose shape must be c.mesh (see GroupCache).
 std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups);

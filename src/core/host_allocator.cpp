@@ -27,7 +27,9 @@ HostAllocatorPolicy keep_freed_host_memory() {
   const char* choice = std::getenv("MLACP_HOST_ALLOCATOR");
   if (choice && std::strcmp(choice, "system") == 0) return {false, "MLACP_HOST_ALLOCATOR=system: glibc defaults kept"};
   if (const char* user = user_malloc_setting()) return {false, std::string("user setting kept: ") + user};
-#if defined(__GLIBC__)
+#if defined(__SANITIZE_ADDRESS__)
+  return {false, "AddressSanitizer build: its allocator replaces glibc's and ignores mallopt"};
+#elif defined(__GLIBC__)
   constexpr int kMmapThreshold = 32 << 20;  // glibc's largest allowed value
   constexpr int kTopPad = 64 << 20;
   const bool ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1 &&

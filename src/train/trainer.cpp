@@ -239,6 +239,44 @@ CheckpointMeta read_checkpoint_meta(const std::string& dir) {
   return found.back();
 }
 
+MemoryEstimate training_memory(const TrainConfig& config) {
+  const DecoderConfig& model = config.model;
+  const MlaConfig& attention = model.attention;
+  const double e = config.dtype == at::kDouble ? 8.0 : 4.0;  // bf16: float32 parameters and activations
+  double parameters = 0;
+  for (const auto& [name, shape] : decoder_parameter_shapes(model)) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    parameters += n;
+  }
+  MemoryEstimate m;
+  // Parameters, gradients, AdamW's exp_avg and exp_avg_sq, and a checkpoint's copy being written.
+  m.add("parameters, gradients and optimizer state", parameters * e * 5.0);
+  LayerShape layer;
+  layer.batch = config.batch / std::max<int64_t>(1, config.mesh.dp);
+  layer.seq_len = config.seq_len;
+  layer.hidden = attention.hidden_size;
+  layer.q_latent = attention.q_lora_rank.has_value();
+  layer.output_gate = attention.output_gate;
+  layer.element_bytes = static_cast<int64_t>(e);
+  const CpPlan plan(plan_spec_for(attention, config.mesh, config.strategy, config.partition, config.overlap));
+  const MemoryEstimate attn = layer_memory(plan, layer);
+  const double tokens = static_cast<double>(layer.batch) * static_cast<double>(config.seq_len) /
+                        static_cast<double>(std::max<int64_t>(1, config.mesh.cp));
+  const double d = static_cast<double>(attention.hidden_size), L = static_cast<double>(model.num_layers);
+  double saved = 0, working = 0;
+  for (const auto& [name, bytes] : attn.parts) {
+    if (name == "activations") saved += bytes;
+    else if (name != "parameters") working = std::max(working, bytes);
+  }
+  // SwiGLU (gate, up, their product, down) and two RMSNorms per layer, with their gradients.
+  saved += tokens * (3.0 * static_cast<double>(model.intermediate_size) + 4.0 * d) * e * 2.0;
+  m.add("saved activations (all layers)", saved * L);
+  m.add("attention working set (one layer)", working);
+  m.add("logits and their gradient", tokens * static_cast<double>(model.vocab_size) * e * 4.0);
+  return m;
+}
+
 PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size) {
   PreparedTraining p;
   p.config = config;

@@ -22,6 +22,7 @@
 #include <torch/optim/adamw.h>
 
 #include "mlacp/comm.h"
+#include "mlacp/memory.h"
 #include "mlacp/plan.h"
 #include "mlacp/checkpoint.h"
 #include "train/data.h"
@@ -101,6 +102,11 @@ struct PreparedTraining {
 // config.json's; every tensor present with its shape: check_hf_decoder_checkpoint), the corpus
 // (present, at least one sequence), the checkpoint to resume. Throws mlacp::Error.
 PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size);
+
+// Peak bytes one rank holds while training `config` (include/mlacp/memory.h): the parameters
+// with their gradients and AdamW's two moments, every layer's saved activations, the logits,
+// and one layer's attention working set. From shapes alone: checked before the first tensor.
+MemoryEstimate training_memory(const TrainConfig& config);
 
 // One step's numbers (also one line of the JSONL log).
 struct StepRecord {

@@ -45,6 +45,15 @@ row "the --reference log holds no step" train --nproc 2 --steps 1 --reference "$
 row "the config must be a regular file" verify --nproc 2 --config /dev/zero
 row "--threads" --threads 100000 info --skip-gemm
 row "--layers" train --nproc 2 --layers 100000000 --steps 1
+# Runs whose memory estimate exceeds the host (or --memory-limit): rejected before any allocation.
+row "the run's memory estimate exceeds the limit" verify --nproc 1 --seq 16384
+row "the run's memory estimate exceeds the limit" verify --nproc 2 --heads 100000000
+row "the run's memory estimate exceeds the limit" train --nproc 2 --layers 1024 --seq 8192 --steps 1
+row "the run's memory estimate exceeds the limit" bench --nproc 2 --seq 1000000
+row "the run's memory estimate exceeds the limit" bench-kernel --seq 4000000 --heads 64
+row "limit=1.00 MiB (--memory-limit 0.0009765625)" --memory-limit 0.0009765625 bench --nproc 2 --steps 1
+row "--memory-limit: must be a number of GiB > 0" --memory-limit -3 info --skip-gemm
+row "--memory-limit: must be a number of GiB > 0" --memory-limit lots info --skip-gemm
 left=$(find "$work" -mindepth 1 ! -name a_file ! -name empty.jsonl | wc -l)
 [ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
 # A valid --json is written (single device: it used to fail for every path).

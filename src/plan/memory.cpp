@@ -1,0 +1,131 @@
+// Memory estimates from shapes (include/mlacp/memory.h, docs/DESIGN.md §8).
+#include "mlacp/memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "mlacp/errors.h"
+
+namespace mlacp {
+
+double MemoryEstimate::total() const {
+  double sum = 0;
+  for (const auto& [name, bytes] : parts) sum += bytes;
+  return sum;
+}
+
+void MemoryEstimate::add(const std::string& name, double bytes) {
+  for (auto& [n, b] : parts)
+    if (n == name) {
+      b += bytes;
+      return;
+    }
+  parts.emplace_back(name, bytes);
+}
+
+void MemoryEstimate::add(const MemoryEstimate& other, double times, const std::string& prefix) {
+  for (const auto& [name, bytes] : other.parts) add(prefix + name, bytes * times);
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  double v = bytes;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  char text[64];
+  if (!std::isfinite(bytes)) return "more than 8 EiB";
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return text;
+}
+
+std::string MemoryEstimate::to_text() const {
+  std::vector<std::pair<std::string, double>> sorted = parts;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::ostringstream out;
+  out << format_bytes(total());
+  size_t shown = 0;
+  for (const auto& [name, bytes] : sorted) {
+    if (bytes <= 0 || shown == 3) break;
+    out << (shown == 0 ? " (" : ", ") << name << " " << format_bytes(bytes);
+    ++shown;
+  }
+  if (shown > 0) out << ")";
+  return out.str();
+}
+
+double layer_parameter_elements(const CpPlan& plan, const LayerShape& s) {
+  const PlanDims& d = plan.dims();
+  const double H = static_cast<double>(plan.local_heads()), hidden = static_cast<double>(s.hidden);
+  double p = static_cast<double>(d.q_rank) * H * static_cast<double>(d.qk_dim());  // q_b_proj (or q_proj)
+  if (s.q_latent) p += hidden * static_cast<double>(d.q_rank);                      // q_a_proj
+  p += hidden * static_cast<double>(d.kv_rank + d.rope_dim);                         // kv_a_proj_with_mqa
+  p += static_cast<double>(d.kv_rank) * H * static_cast<double>(d.nope_dim + d.value_dim);  // kv_b_proj
+  p += H * static_cast<double>(d.value_dim) * hidden;                                // o_proj
+  if (s.output_gate) p += hidden * H * static_cast<double>(d.value_dim);             // o_gate_proj
+  return p;
+}
+
+MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
+  const PlanDims& d = plan.dims();
+  const double e = static_cast<double>(s.element_bytes);
+  const double P = static_cast<double>(plan.cp()), U = static_cast<double>(plan.ulysses());
+  const double H = static_cast<double>(plan.local_heads()), Hc = static_cast<double>(plan.head_block_size());
+  const double S = static_cast<double>(s.seq_len), b = static_cast<double>(s.batch);
+  const double hidden = static_cast<double>(s.hidden);
+  const double Dqk = static_cast<double>(d.qk_dim()), Dn = static_cast<double>(d.nope_dim);
+  const double Dv = static_cast<double>(d.value_dim), Dr = static_cast<double>(d.rope_dim);
+  const double Rq = static_cast<double>(d.q_rank), Rkv = static_cast<double>(d.kv_rank);
+  const double T = b * S / P;  // this rank's tokens
+  const double Tq = T * U;     // query rows after the Ulysses exchange (Hc heads each)
+  const double Tk = b * S;     // key rows every rank attends to (Hc heads each)
+
+  MemoryEstimate m;
+  const double params = layer_parameter_elements(plan, s) * e;
+  m.add("parameters", params * (s.backward ? 2.0 : 1.0));  // + their gradients
+
+  // Activations of the projections (what the backward keeps), this rank's tokens.
+  double act = T * hidden * 2;                               // input, output
+  if (s.q_latent) act += T * Rq * 2;                         // q latent, normed
+  act += T * H * Dqk * 2;                                    // q, q after RoPE
+  act += T * (Rkv + Dr) * 2 + T * Rkv;                       // kv latent + key rope, normed
+  act += T * H * Dv * 2;                                     // attention output (head and sequence layouts)
+  if (s.output_gate) act += T * H * 2;
+  // What the exchange brings in: queries of Hc heads for U shards, K/V of Hc heads over S.
+  double exchanged = Tq * Hc * Dqk + Tq * Hc * (Dv + 1);  // Q, O and its log-sum-exp
+  if (plan.strategy() == CpStrategy::latent_kv_head)
+    exchanged += Tk * (Rkv + Dr) * 2 + Tk * Hc * (Dn + Dv) + Tk * Hc * (Dqk + Dv);  // latent, up-projected, K/V
+  else
+    exchanged += T * H * (Dqk + Dv) + Tk * Hc * (Dqk + Dv);  // local K/V, gathered K/V
+  m.add("activations", (act + exchanged) * e * (s.backward ? 2.0 : 1.0));  // + their gradients
+
+  // The local kernel's working set.
+  if (plan.kernel() == AttentionKernel::reference) {
+    // Scores, the mask, probabilities (and their gradients): Sq x Sk per head, kept for the backward.
+    const double pairs = Tq * Hc * S;
+    m.add("S x S scores (reference kernel)", pairs * (e * (s.backward ? 5.0 : 3.0) + 1.0));
+  } else {
+    m.add("kernel buffers", Tk * Hc * (Dqk + Dv) * e * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
+  }
+  return m;
+}
+
+void check_memory(const std::string& what, const MemoryEstimate& per_rank, int64_t ranks_on_host,
+                  const MemoryLimit& limit) {
+  if (!limit.enforced) return;
+  const double need = per_rank.total() * static_cast<double>(std::max<int64_t>(1, ranks_on_host));
+  if (need <= limit.bytes) return;
+  std::ostringstream estimate;
+  estimate << per_rank.to_text();
+  if (ranks_on_host > 1) estimate << " per rank x " << ranks_on_host << " ranks on this host = " << format_bytes(need);
+  fail(what, "the run's memory estimate exceeds the limit (checked before allocating anything)",
+       {got("estimate", estimate.str()), got("limit", format_bytes(limit.bytes) + " (" + limit.source + ")")},
+       "reduce --seq, --batch or the model, spread the run over more ranks or hosts, or set the limit with "
+       "--memory-limit GIB (--memory-limit off skips this check)");
+}
+
+}  // namespace mlacp

@@ -1,0 +1,158 @@
+// Memory estimates (include/mlacp/memory.h) against the measured peak of the runs they describe:
+// each estimate must bound the tensor bytes the run allocates (core/memory_probe.h) without
+// exaggerating them more than kMaxOverestimate times, on real multi-rank runs of `mlacp verify`'s
+// cases and of training; and the check's rule and message.
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "check/cp_checks.h"
+#include "core/memory_probe.h"
+#include "mlacp/errors.h"
+#include "mlacp/memory.h"
+#include "mlacp/runtime.h"
+#include "support/error_of.h"
+#include "support/multiprocess.h"
+#include "train/train_support.h"
+
+namespace mlacp {
+namespace {
+
+constexpr double kMaxOverestimate = 4.0;
+
+MlaConfig wide_config() {
+  MlaConfig c = preset_config("tiny");
+  c.hidden_size = 256;
+  c.num_heads = 8;
+  c.q_lora_rank = 96;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = 32;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 32;
+  return c;
+}
+
+CpCase wide_case(const std::string& name, CpStrategy strategy, int64_t cp, int64_t ulysses) {
+  CpCase c;
+  c.name = name;
+  c.base = VerifyCase{name, wide_config()};
+  c.base.batch = 2;
+  c.base.seq_len = 256;
+  c.mesh = {1, cp, 1, ulysses};
+  c.strategy = strategy;
+  c.partition = CpPartition::head_tail;
+  c.overlap = true;
+  return c;
+}
+
+std::vector<CpCase> estimate_cases() {
+  std::vector<CpCase> cases;
+  cases.push_back(wide_case("latent-p2", CpStrategy::latent_kv_head, 2, 0));
+  cases.push_back(wide_case("expanded-p2", CpStrategy::expanded_ulysses, 2, 0));
+  cases.push_back(wide_case("latent-p4-u2", CpStrategy::latent_kv_head, 4, 2));
+  CpCase reference_kernel = wide_case("expanded-p2-reference-kernel", CpStrategy::expanded_ulysses, 2, 0);
+  reference_kernel.kernel = AttentionKernel::reference;
+  cases.push_back(reference_kernel);
+  CpCase bf16 = wide_case("latent-p2-bf16", CpStrategy::latent_kv_head, 2, 0);
+  bf16.dtype = at::kBFloat16;
+  cases.push_back(bf16);
+  CpCase shared = wide_case("latent-p2-float32-blockwise-oracle-rank0", CpStrategy::latent_kv_head, 2, 0);
+  shared.dtype = at::kFloat;
+  shared.reference_kernel = AttentionKernel::blockwise;
+  shared.reference_on_rank0 = true;
+  shared.base.seq_len = 1024;
+  cases.push_back(shared);
+  CpCase band = wide_case("latent-p2-band", CpStrategy::latent_kv_head, 2, 0);
+  band.base.band_width = 16;
+  cases.push_back(band);
+  return cases;
+}
+
+class VerifyCaseMemory : public ::testing::TestWithParam<CpCase> {};
+
+TEST_P(VerifyCaseMemory, EstimateBoundsTheMeasuredPeakOfEveryRank) {
+  const CpCase c = GetParam();
+  const double estimate = cp_case_memory(c).total();
+  const int world = static_cast<int>(c.mesh.dp * c.mesh.cp * c.mesh.tp);
+  EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
+    validate_cp_case(c, world_size);
+    ParallelGroups groups = test::make_groups(rank, world_size, store, c.mesh);
+    MemoryScope scope;
+    run_cp_case(c, groups);  // its rows are the exactness matrix's concern (check_cp_matrix_test)
+    const double peak = static_cast<double>(scope.peak_extra_bytes());
+    std::fprintf(stderr, "%s rank %d: peak %s, estimate %s (%.2fx)\n", c.name.c_str(), rank,
+                 format_bytes(peak).c_str(), cp_case_memory(c).to_text().c_str(), estimate / peak);
+    EXPECT_LE(peak, estimate) << c.name << " rank " << rank;
+    if (rank == 0) EXPECT_LE(estimate, kMaxOverestimate * peak) << c.name;  // rank 0 holds the most
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_cases()),
+                         [](const ::testing::TestParamInfo<CpCase>& info) {
+                           std::string name = info.param.name;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+TEST(TrainingMemory, EstimateBoundsTheMeasuredPeakOfEveryRank) {
+  for (const MeshShape mesh : {MeshShape{1, 2, 1, 0}, MeshShape{1, 2, 2, 0}}) {
+    train::TrainConfig config = train::test::small_config(at::kFloat, 3, mesh);
+    config.seq_len = 512;
+    config.batch = 2;
+    const double estimate = train::training_memory(config).total();
+    const int world = static_cast<int>(mesh.dp * mesh.cp * mesh.tp);
+    EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
+      ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);
+      MemoryScope scope;
+      {
+        train::Trainer trainer(config, groups);
+        while (!trainer.done()) trainer.step();
+      }
+      const double peak = static_cast<double>(scope.peak_extra_bytes());
+      std::fprintf(stderr, "train tp=%ld rank %d: peak %s, estimate %s (%.2fx)\n", static_cast<long>(mesh.tp), rank,
+                   format_bytes(peak).c_str(), train::training_memory(config).to_text().c_str(), estimate / peak);
+      EXPECT_LE(peak, estimate);
+      EXPECT_LE(estimate, kMaxOverestimate * peak);
+    }));
+  }
+}
+
+TEST(LayerParameters, CountEqualsTheModulesParameters) {
+  for (bool q_latent : {true, false})
+    for (bool gate : {false, true}) {
+      MlaConfig cfg = wide_config();
+      if (!q_latent) cfg.q_lora_rank.reset();
+      cfg.output_gate = gate;
+      int64_t elements = 0;
+      for (const auto& p : make_case_module(VerifyCase{"count", cfg}, at::kFloat)->named_parameters())
+        if (p.key().find("norm") == std::string::npos) elements += p.value().numel();  // norms: ignored (< 1%)
+      LayerShape shape;
+      shape.hidden = cfg.hidden_size;
+      shape.q_latent = q_latent;
+      shape.output_gate = gate;
+      const CpPlan plan(plan_spec_for(cfg, MeshShape{1, 1, 1, 0}, CpStrategy::latent_kv_head, CpPartition::contiguous, false));
+      EXPECT_EQ(layer_parameter_elements(plan, shape), static_cast<double>(elements)) << q_latent << gate;
+    }
+}
+
+TEST(MemoryCheck, RejectsAboveTheLimitWithTheEstimateTheLimitAndTheWaysOut) {
+  MemoryEstimate m;
+  m.add("activations", 3.0 * (1 << 30));
+  m.add("parameters", 1.0 * (1 << 30));
+  MemoryLimit limit{10.0 * (1 << 30), "a test limit", true};
+  EXPECT_NO_THROW(check_memory("bench", m, 2, limit));  // 8 GiB <= 10 GiB
+  const std::string message = test::error_of([&] { check_memory("bench", m, 3, limit); });
+  EXPECT_NE(message.find("mlacp: bench: the run's memory estimate exceeds the limit"), std::string::npos) << message;
+  EXPECT_NE(message.find("4.00 GiB (activations 3.00 GiB, parameters 1.00 GiB) per rank x 3 ranks on this host = "
+                         "12.00 GiB"), std::string::npos) << message;
+  EXPECT_NE(message.find("limit=10.00 GiB (a test limit)"), std::string::npos) << message;
+  EXPECT_NE(message.find("--memory-limit off"), std::string::npos) << message;
+  limit.enforced = false;
+  EXPECT_NO_THROW(check_memory("bench", m, 1000, limit));
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1.5 * (1 << 20)), "1.50 MiB");
+}
+
+}  // namespace
+}  // namespace mlacp
