@@ -5,11 +5,15 @@
 #      package mlacp built from the same CMake project and installed into .venv, its pytest
 #      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors) and the peer
 #      benchmark's smoke test (scripts/bench-peers.sh --quick: every system checked, mlacp exact
-#      and its bytes equal to its formula).
-# MLACP_TEST_LEGS=debian|wheel runs one leg only. Extra arguments go to both CTest runs.
+#      and its bytes equal to its formula). The command-line fuzz and hostile-invocation tests
+#      (pure argument handling, the same code on either LibTorch) run on the Debian leg only;
+#   3. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch,
+#      build-asan/, -O1): every test but the S = 8192 kernel-memory test and the option fuzz
+#      (minutes each under the sanitizers; both run unsanitized in leg 1). Any report fails it.
+# MLACP_TEST_LEGS="debian wheel sanitize" (the default) selects legs. Extra arguments go to every CTest run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-legs="${MLACP_TEST_LEGS:-debian wheel}"
+legs="${MLACP_TEST_LEGS:-debian wheel sanitize}"
 jobs="${MLACP_TEST_JOBS:-2}"
 t0=$SECONDS
 "$root/scripts/setup.sh"
@@ -26,12 +30,22 @@ for leg in $legs; do
       "$root/scripts/setup-python.sh"
       echo "mlacp tests: Python setup (.venv, PyTorch 2.15 wheel) took $((SECONDS - t0)) s"
       MLACP_LIBTORCH=wheel "$root/scripts/build.sh"
-      (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" "$@")
+      (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" \
+          -E '^(cli_fuzz_invalid_options|cli_invalid_invocations_are_clear_errors)$' "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
           --disable-pip-version-check --no-build-isolation --no-deps .)
       (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .)
       echo "== mlacp tests: the peer benchmark's smoke test (bench/peers --quick) =="
       "$root/scripts/bench-peers.sh" --quick --out "$root/build-torch2/peers-quick" ;;
-    *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel)" >&2; exit 2 ;;
+    sanitize)
+      echo "== mlacp tests: C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch) =="
+      t0=$SECONDS
+      MLACP_LIBTORCH=debian MLACP_SANITIZE=1 "$root/scripts/build.sh"
+      echo "mlacp tests: sanitizer build took $((SECONDS - t0)) s"
+      (cd "$root/build-asan" && \
+        ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
+        ctest --output-on-failure -j "$jobs" --timeout 900 \
+          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options)$' "$@") ;;
+    *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
 done
