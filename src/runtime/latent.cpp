@@ -112,8 +112,11 @@ at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& st
   at::Tensor key, value;
   {
     ComputeSpan span(tl, "kv_b_proj");
-    std::tie(key, value) =
-        MlaLayer::expand_key_value(m, parts[0], parts[1], begin, begin + ctx.plan.head_block_size());  // [B,S,Hc,*]
+    // kv_b_proj takes the latent contiguous, as the overlapped form does (latent_all): the bf16
+    // GEMMs (oneDNN) choose their kernel, hence their summation order, by the operands' strides,
+    // so the split view (row stride Rkv+Dr) would round the wgrad differently (DESIGN.md §5).
+    std::tie(key, value) = MlaLayer::expand_key_value(m, parts[0].contiguous(), parts[1], begin,
+                                                      begin + ctx.plan.head_block_size());  // [B,S,Hc,*]
   }
   RowSplitAttention attention(ctx, step, key, value);
   attention.start(query);
@@ -147,6 +150,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   }
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
   auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
+  // Contiguous like the plain form's kv_b_proj input: same operand layout, same GEMM kernels.
   const at::Tensor latent_all = gathered.narrow(-1, 0, c.kv_lora_rank).contiguous();  // [B,S,Rkv]
   const at::Tensor shared_all = gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim);  // [B,S,Dr]
   at::Tensor projected;  // [B,S,Hc*(Dn+Dv)]
