@@ -1,6 +1,6 @@
 # Include-layering check: every #include of a project header must point down the module stack
 #
-#   core <- plan <- {comm, kernels} <- model <- runtime <- {check, train} <- tools
+#   core <- plan <- {comm, kernels} <- model <- runtime <- planner <- {check, train} <- tools
 #
 # (a module may include its own headers and those of the modules it lists below; comm/kernels and
 # check/train are siblings). Headers are named by path from src/ ("kernels/rope.h") or include/
@@ -15,15 +15,16 @@
 cmake_minimum_required(VERSION 3.18)
 
 # --- the rule table: module -> the modules below it that it may include ----------------------
-set(MLACP_MODULES core plan comm kernels model runtime check train)
+set(MLACP_MODULES core plan comm kernels model runtime planner check train)
 set(MLACP_ALLOWED_core    "")
 set(MLACP_ALLOWED_plan    core)
 set(MLACP_ALLOWED_comm    core plan)
 set(MLACP_ALLOWED_kernels core plan)
 set(MLACP_ALLOWED_model   core plan comm kernels)
 set(MLACP_ALLOWED_runtime core plan comm kernels model)
-set(MLACP_ALLOWED_check   core plan comm kernels model runtime)
-set(MLACP_ALLOWED_train   core plan comm kernels model runtime)
+set(MLACP_ALLOWED_planner core plan comm kernels model runtime)
+set(MLACP_ALLOWED_check   core plan comm kernels model runtime planner)
+set(MLACP_ALLOWED_train   core plan comm kernels model runtime planner)
 # Public headers (include/mlacp/) -> their module. A new public header must be added here.
 set(MLACP_PUBLIC_HEADERS
   errors.h=core
@@ -34,7 +35,8 @@ set(MLACP_PUBLIC_HEADERS
   config.h=model
   attention.h=model
   checkpoint.h=model
-  runtime.h=runtime)
+  runtime.h=runtime
+  planner.h=planner)
 
 if(NOT DEFINED ROOT)
   message(FATAL_ERROR "check_layering: pass -DROOT=<source tree>")

@@ -15,6 +15,7 @@
 #include "kernel_bench.h"
 #include "launcher.h"
 #include "memory_check.h"
+#include "plan_command.h"
 #include "train_command.h"
 #include "mlacp/errors.h"
 #include "core/host_allocator.h"
@@ -117,6 +118,8 @@ int main(int argc, char** argv) {
   CLI::App* kernel_bench_cmd = add_kernel_bench_command(app, kernel_bench);
   TrainArgs train;
   CLI::App* train_cmd = add_train_command(app, train);
+  PlanArgs plan;
+  CLI::App* plan_cmd = add_plan_command(app, plan);
   // Values no option accepts, which CLI11 would take silently: an empty value (it leaves the
   // default in place) and a number beyond int64/double (CLI11 clamps it to the largest value).
   for (int i = 1; i < argc; ++i) {
@@ -146,8 +149,8 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == arg;
     if (!known) {
-      std::cerr << "mlacp: unknown command '" << arg << "': the commands are info, verify, bench, bench-kernel and "
-                << "train (mlacp --help lists them)\n";
+      std::cerr << "mlacp: unknown command '" << arg << "': the commands are info, verify, bench, bench-kernel, "
+                << "train and plan (mlacp --help lists them)\n";
       return kExitInvalidInput;
     }
     break;
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
     if (bench_cmd->parsed()) return run_bench(common, bench);
     if (train_cmd->parsed()) return run_train(common, train);
     if (kernel_bench_cmd->parsed()) return run_kernel_bench(common, kernel_bench);
+    if (plan_cmd->parsed()) return run_plan(common, plan);
   } catch (const mlacp::Error& e) {
     std::cerr << e.what() << "\n";
     return e.kind() == mlacp::ErrorKind::fault ? kExitFault : kExitInvalidInput;

@@ -2,7 +2,7 @@
 """Fuzz harness: invalid values for every typed option of every command, generated from the
 tool's own --help (so a new option is covered the day it is added).
 
-For each command (info, verify, bench, bench-kernel, train) and each option whose help gives a
+For each command (info, verify, bench, bench-kernel, train, plan) and each option whose help gives a
 type (INT, FLOAT, BOOLEAN, TEXT:{choices}) or a range [lo - hi], it runs `mlacp <command>
 --option VALUE` with values that no such option accepts (not a number, empty, overflowing,
 just outside the range, not one of the choices) and asserts for each invocation:
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-COMMANDS = ["info", "verify", "bench", "bench-kernel", "train"]
+COMMANDS = ["info", "verify", "bench", "bench-kernel", "train", "plan"]
 TIME_LIMIT_S = 30
 MEMORY_LIMIT = 8 << 30
 FORBIDDEN = ["frame #", "Exception raised from", "terminate called", "Segmentation fault", "std::bad_alloc",

@@ -1,0 +1,211 @@
+// The planner's step model, ranking, explanation and hardware files (include/mlacp/planner.h).
+// Its predictions against measured steps: tests/tools/plan_grid.py (the suite's small grid).
+#include <chrono>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "mlacp/errors.h"
+#include "mlacp/planner.h"
+#include "mlacp/runtime.h"
+
+namespace mlacp {
+namespace {
+
+using ::testing::HasSubstr;
+
+PlanRequest request_for(const MlaConfig& config, int64_t seq, int64_t cp, int64_t tp = 1) {
+  PlanRequest r;
+  r.config = config;
+  r.seq_len = seq;
+  r.cp = cp;
+  r.tp = tp;
+  r.hardware = hardware_profile("h200-nvlink-ib");
+  return r;
+}
+
+std::vector<CpPlan> every_plan(const MlaConfig& config, int64_t tp) {
+  std::vector<CpPlan> plans;
+  for (int64_t p : {1, 2, 4, 8})
+    for (int64_t u = 1; u <= p; ++u) {
+      if (p % u != 0) continue;
+      for (CpStrategy s : {CpStrategy::latent_kv_head, CpStrategy::expanded_ulysses})
+        for (bool overlap : {false, true})
+          for (AttentionKernel kernel : {AttentionKernel::blockwise, AttentionKernel::reference}) {
+            MeshShape shape;
+            shape.cp = p;
+            shape.tp = tp;
+            shape.ulysses = u;
+            CpPlanSpec spec = plan_spec_for(config, shape, s, CpPartition::head_tail, overlap);
+            spec.kernel = kernel;
+            plans.emplace_back(spec);
+          }
+    }
+  return plans;
+}
+
+MlaConfig test_config(bool gate) {
+  MlaConfig c = preset_config("deepseek-v3");
+  c.num_heads = 16;
+  c.hidden_size = 1024;
+  c.output_gate = gate;
+  return c;
+}
+
+TEST(Planner, TransfersSumToTheVolumeFormulaForEveryPlan) {
+  for (bool gate : {false, true})
+    for (int64_t tp : {1, 2}) {
+      const MlaConfig c = test_config(gate);
+      for (const CpPlan& plan : every_plan(c, tp)) {
+        PlanRequest r = request_for(c, 4096, plan.cp(), tp);
+        r.dtype = "float32";
+        const CandidatePrediction p = predict_step(plan, r);
+        const CommVolume v = expected_comm_elements(plan, r.batch, r.seq_len);
+        double cp_bytes = 0;
+        for (const TransferPrediction& t : p.transfers)
+          if (t.name.rfind("tp_", 0) != 0) cp_bytes += t.bytes;
+        const double formula = 4.0 * static_cast<double>(v.forward_all_to_all + v.forward_all_gather + v.forward_output +
+                                                         v.backward_all_to_all + v.backward_reduce);
+        EXPECT_DOUBLE_EQ(cp_bytes, formula) << plan.to_text();
+        EXPECT_EQ(p.transfers.size() > 0, plan.cp() > 1 || tp > 1) << plan.to_text();
+      }
+    }
+}
+
+TEST(Planner, EverySpanASchedulesDeclaresIsModelledAndOverlapOnlyHides) {
+  for (bool gate : {false, true})
+    for (const CpPlan& plan : every_plan(test_config(gate), 1)) {
+      PlanRequest r = request_for(test_config(gate), 8192, plan.cp());
+      r.hardware.intra_node.bandwidth_bytes_per_s = 5e9;  // slow enough for transfers to be exposed
+      const CandidatePrediction p = predict_step(plan, r);  // throws on an unknown span
+      EXPECT_GE(p.exposed_comm_s, 0.0);
+      EXPECT_LE(p.exposed_comm_s, p.comm_s * (1 + 1e-12));
+      EXPECT_NEAR(p.step_s, p.compute_s + p.exposed_comm_s, 1e-12);
+      CpPlanSpec off = plan.spec();
+      off.overlap = false;
+      const CandidatePrediction plain = predict_step(CpPlan(off), r);
+      EXPECT_LE(p.step_s, plain.step_s * (1 + 1e-12)) << plan.to_text();
+      EXPECT_DOUBLE_EQ(p.bytes_per_rank, plain.bytes_per_rank) << plan.to_text();  // the same bytes, split differently
+      if (plan.overlap() && plan.cp() > 1 && !overlapped_transfers(plan, test_config(gate)).empty())
+        EXPECT_LT(p.exposed_comm_s, plain.exposed_comm_s) << plan.to_text();
+    }
+}
+
+TEST(Planner, HeadTailBalancesCausalAttentionAcrossUlyssesGroups) {
+  const MlaConfig c = test_config(false);
+  PlanRequest r = request_for(c, 16384, 4);
+  for (int64_t u : {1, 2}) {
+    MeshShape shape;
+    shape.cp = 4;
+    shape.ulysses = u;
+    auto attention = [&](CpPartition partition) {
+      const CandidatePrediction p =
+          predict_step(CpPlan(plan_spec_for(c, shape, CpStrategy::latent_kv_head, partition, false)), r);
+      for (const auto& [name, s] : p.phases)
+        if (name == "attention") return s;
+      return 0.0;
+    };
+    // Contiguous: the last group holds the most visible keys; head_tail gives every group a share.
+    EXPECT_GT(attention(CpPartition::contiguous), 1.3 * attention(CpPartition::head_tail)) << "U=" << u;
+  }
+}
+
+TEST(Planner, RanksFastestFirstAndExplainsTheChoiceWithItsNumbers) {
+  PlanRequest r = request_for(preset_config("deepseek-v3"), 131072, 0);
+  r.devices = 8;
+  const PlanReport report = plan_context_parallel(r);
+  ASSERT_TRUE(report.any_feasible());
+  EXPECT_EQ(report.chosen, 0u);
+  for (size_t i = 1; i < report.candidates.size(); ++i)
+    if (report.candidates[i].feasible) EXPECT_LE(report.candidates[i - 1].step_s, report.candidates[i].step_s);
+  EXPECT_THAT(report.explanation, HasSubstr("chosen: " + report.choice().label()));
+  EXPECT_THAT(report.explanation, HasSubstr("the K/V exchange moves"));
+  EXPECT_THAT(report.explanation, HasSubstr("repeated up-projection"));
+  EXPECT_THAT(report.to_text(), HasSubstr(report.choice().label()));
+  EXPECT_THAT(report.to_json(), HasSubstr("\"chosen\": 0"));
+}
+
+TEST(Planner, ASlowLinkChoosesTheFewestBytes) {
+  PlanRequest r = request_for(preset_config("deepseek-v3"), 32768, 8);
+  r.hardware.intra_node.bandwidth_bytes_per_s = 1e6;  // 1 MB/s: communication is everything
+  const PlanReport report = plan_context_parallel(r);
+  double fewest = 1e300;
+  for (const CandidatePrediction& c : report.candidates)
+    if (c.feasible) fewest = std::min(fewest, c.bytes_per_rank);
+  EXPECT_DOUBLE_EQ(report.choice().bytes_per_rank, fewest);
+  EXPECT_EQ(report.choice().spec.strategy, CpStrategy::latent_kv_head);
+  EXPECT_EQ(report.choice().spec.ulysses, 1);  // the latent gather alone: no Q/O exchange
+}
+
+TEST(Planner, InfeasibleCandidatesAreListedWithTheRuleTheyBreak) {
+  MlaConfig c = test_config(false);
+  c.num_heads = 6;  // U = 4 does not divide the heads
+  PlanRequest r = request_for(c, 4096, 4);
+  PlanReport report = plan_context_parallel(r);
+  bool found = false;
+  for (const CandidatePrediction& x : report.candidates)
+    if (x.spec.ulysses == 4) {
+      EXPECT_FALSE(x.feasible);
+      EXPECT_THAT(x.infeasible_reason, HasSubstr("heads"));
+      found = true;
+    }
+  EXPECT_TRUE(found);
+  EXPECT_THAT(report.to_text(), HasSubstr("infeasible:"));
+  // Memory: a device too small for every candidate.
+  r.hardware.memory_bytes = 1024;
+  report = plan_context_parallel(r);
+  EXPECT_FALSE(report.any_feasible());
+  EXPECT_THAT(report.explanation, HasSubstr("no candidate is feasible"));
+  EXPECT_THAT(report.candidates.front().infeasible_reason, HasSubstr("per rank; the device has"));
+  // A sequence the partition cannot split.
+  r = request_for(c, 4098, 4);
+  report = plan_context_parallel(r);
+  for (const CandidatePrediction& x : report.candidates) EXPECT_FALSE(x.feasible);
+}
+
+TEST(Planner, RejectsAnInvalidRequestAsAWhole) {
+  PlanRequest r = request_for(test_config(false), 0, 4);
+  EXPECT_THROW(plan_context_parallel(r), Error);
+  r = request_for(test_config(false), 1024, 4);
+  r.dtype = "float64";  // the GPU profiles have no float64 rates
+  try {
+    plan_context_parallel(r);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no rates for the run's dtype"));
+  }
+  r.dtype = "bfloat16";
+  r.devices = 8;  // and cp = 4
+  EXPECT_THROW(plan_context_parallel(r), Error);
+}
+
+TEST(Planner, HardwareFilesRoundTripAndNameTheirBadField) {
+  const Hardware h = hardware_profile("h100-nvlink-ib");
+  const Hardware back = Hardware::from_json(h.to_json());
+  EXPECT_EQ(back.to_json(), h.to_json());
+  EXPECT_THAT(h.source, HasSubstr("datasheet"));
+  try {
+    Hardware::from_json(R"({"memory_bytes": 1, "rates": {"float32": {"gemm_flops": -1}}})");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("gemm_flops"));
+  }
+  EXPECT_THROW(Hardware::from_json("{"), Error);
+  EXPECT_THROW(hardware_profile("a100"), Error);
+}
+
+TEST(Planner, AnswersForEveryPresetInUnderASecond) {
+  for (const std::string& preset : preset_names())
+    for (int64_t devices : {8, 64}) {
+      PlanRequest r = request_for(preset_config(preset), 1 << 20, 0);
+      r.devices = devices;
+      const auto start = std::chrono::steady_clock::now();
+      const PlanReport report = plan_context_parallel(r);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_LT(s, 1.0) << preset;
+      EXPECT_FALSE(report.candidates.empty());
+    }
+}
+
+}  // namespace
+}  // namespace mlacp

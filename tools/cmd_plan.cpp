@@ -1,0 +1,107 @@
+// `mlacp plan`: ranks every strategy x Ulysses degree x partition x overlap (x TP split) for a
+// model, a sequence and a cluster, from a hardware profile, a hardware file or a calibration of
+// this machine, and says why it chose what it chose (include/mlacp/planner.h, docs/DESIGN.md §15).
+#include <iostream>
+
+#include "commands.h"
+#include "core/threads.h"
+#include "mlacp/errors.h"
+#include "mlacp/planner.h"
+#include "output_file.h"
+#include "plan_command.h"
+
+namespace mlacp::tools {
+
+CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "choose strategy, Ulysses degree, partition, overlap (and tp x cp) for a model, S and a cluster");
+  add_model_options(cmd, a.model);
+  cmd->add_option("--seq", a.seq, "global sequence length")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--batch", a.batch, "sequences per CP group")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--dtype", a.dtype, "bfloat16 (default) | float32 | float64");
+  cmd->add_option("--gpus", a.devices, "devices to split into tp x cp (every split is a candidate; default 8 when neither --gpus nor --cp)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--cp", a.cp, "fixed CP degree (instead of --gpus)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--tp", a.tp, "fixed TP degree, with --cp")->check(CLI::Range(1, 1024));
+  cmd->add_option("--strategy", a.strategies, "strategies to consider (default both)")->delimiter(',');
+  cmd->add_option("--ulysses", a.ulysses, "fixed Ulysses degree (default: every U dividing P)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--partition", a.partitions, "partitions to consider (default both)")->delimiter(',');
+  cmd->add_option("--overlap", a.overlap, "on | off | both (default both)")->check(CLI::IsMember({"on", "off", "both"}));
+  cmd->add_flag("!--no-causal", a.causal, "attention over every key (default causal)");
+  cmd->add_option("--hardware", a.hardware,
+                  "profile (h100-nvlink-ib, h200-nvlink-ib, h800-nvlink-ib) or a hardware file (default h200-nvlink-ib)");
+  cmd->add_flag("--calibrate", a.calibrate, "measure this machine instead (GEMM, attention kernel, elementwise)");
+  cmd->add_option("--calibrate-seq", a.calibrate_seq, "sequence length of the calibration runs")
+      ->check(CLI::Range(64, 65536));
+  cmd->add_option("--save-hardware", a.save_hardware, "write the hardware (calibrated or loaded) to this JSON file");
+  cmd->add_flag("--show-hardware", a.show_hardware, "print the hardware's figures as JSON");
+  cmd->add_option("--bandwidth-gbps", a.bandwidth_gbps,
+                  "link bandwidth inside a node, GB/s per rank (overrides the hardware; e.g. bench's emulated link)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--latency-us", a.latency_us, "link latency inside a node, microseconds (overrides the hardware)")
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--inter-bandwidth-gbps", a.inter_bandwidth_gbps, "link bandwidth across nodes, GB/s per rank")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--rows", a.rows, "candidates shown in the table (--json has all)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--json", a.json_path, "also write the report as JSON");
+  return cmd;
+}
+
+PlanRequest plan_request(const PlanArgs& a, const Hardware& hardware) {
+  PlanRequest r;
+  r.config = model_config(a.model);
+  MLACP_REQUIRE(a.seq > 0, "plan", "the sequence length is required", {}, "pass --seq S");
+  r.seq_len = a.seq;
+  r.batch = a.batch;
+  r.dtype = a.dtype;
+  MLACP_REQUIRE(!(a.devices > 0 && a.cp > 0), "plan", "give --gpus or --cp, not both",
+                {got("gpus", a.devices), got("cp", a.cp)}, "drop one of them");
+  MLACP_REQUIRE(a.tp == 1 || a.cp > 0, "plan", "--tp goes with --cp (with --gpus every split is a candidate)",
+                {got("tp", a.tp)}, "pass --cp P --tp T, or --gpus N");
+  r.devices = a.devices;
+  r.cp = a.cp;
+  if (r.devices == 0 && r.cp == 0) r.devices = 8;
+  r.tp = a.tp;
+  for (const std::string& s : a.strategies) r.strategies.push_back(parse_strategy(s));
+  r.ulysses = a.ulysses;
+  for (const std::string& p : a.partitions) r.partitions.push_back(parse_partition(p));
+  if (a.overlap == "on") r.overlaps = {true};
+  if (a.overlap == "off") r.overlaps = {false};
+  r.causal = a.causal;
+  r.hardware = hardware;
+  return r;
+}
+
+Hardware plan_hardware(const PlanArgs& a) {
+  Hardware hw;
+  if (a.calibrate) {
+    CalibrationOptions options;
+    options.dtypes = {a.dtype};
+    options.seq_len = a.calibrate_seq;
+    options.verbose = true;
+    hw = calibrate_host(model_config(a.model), options);
+  } else {
+    hw = hardware_named(a.hardware);
+  }
+  if (a.bandwidth_gbps) hw.intra_node.bandwidth_bytes_per_s = *a.bandwidth_gbps * 1e9;
+  if (a.latency_us) hw.intra_node.latency_s = *a.latency_us * 1e-6;
+  if (a.inter_bandwidth_gbps) hw.inter_node.bandwidth_bytes_per_s = *a.inter_bandwidth_gbps * 1e9;
+  return hw;
+}
+
+int run_plan(const CommonArgs& common, const PlanArgs& a) {
+  if (!a.json_path.empty()) check_output_file("--json", a.json_path);
+  if (!a.save_hardware.empty()) check_output_file("--save-hardware", a.save_hardware);
+  MLACP_REQUIRE(a.seq > 0, "plan", "the sequence length is required", {}, "pass --seq S");
+  model_config(a.model);  // the model's rules before any calibration run
+  const Hardware hw = plan_hardware(a);
+  if (!a.save_hardware.empty()) write_output_file("--save-hardware", a.save_hardware, hw.to_json() + "\n");
+  if (a.show_hardware) std::cout << hw.to_json() << "\n";
+  const PlanReport report = plan_context_parallel(plan_request(a, hw));
+  std::cout << report.to_text(a.rows);
+  if (!a.json_path.empty()) write_output_file("--json", a.json_path, report.to_json() + "\n");
+  return report.any_feasible() ? 0 : kExitInvalidInput;
+}
+
+}  // namespace mlacp::tools
