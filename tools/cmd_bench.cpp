@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "memory_check.h"
 #include "output_file.h"
+#include "plan_command.h"
 #include "core/compat.h"
 #include "core/format.h"
 #include "core/timeline.h"
@@ -138,8 +139,11 @@ std::string joined(const std::set<std::string>& labels) {
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   CLI::App* cmd = app.add_subcommand("bench", "step time and exposed communication per strategy, overlap off/on");
   cmd->add_option("--nproc", a.nproc, "local ranks (CP degree)")->check(CLI::Range(2, 64));
-  cmd->add_option("--strategy", a.strategies, "strategies to run (default both)")->delimiter(',');
-  cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P)");
+  cmd->add_option("--strategy", a.strategies, "strategies to run (default both), or auto (the planner's choice)")
+      ->delimiter(',');
+  cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P), or auto (the planner's choice)");
+  cmd->add_option("--plan-hardware", a.plan_hardware,
+                  "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
   cmd->add_option("--seq", a.seq, "global sequence length")->check(CLI::Range(1, 1 << 22));
   cmd->add_option("--batch", a.batch, "batch")->check(CLI::Range(1, 65536));
   cmd->add_option("--hidden", a.hidden, "hidden size");
@@ -178,10 +182,8 @@ struct BenchSetup {
   MeshShape shape;
 };
 
-BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t world_size, int launcher_ranks) {
-  BenchSetup b;
-  MlaConfig& cfg = b.cfg;
-  cfg = preset_config("tiny");
+MlaConfig bench_config(const BenchArgs& a) {
+  MlaConfig cfg = preset_config("tiny");
   cfg.hidden_size = a.hidden;
   cfg.num_heads = a.heads;
   cfg.q_lora_rank = a.q_rank;
@@ -191,10 +193,48 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   cfg.v_head_dim = a.value;
   cfg.output_gate = a.gate;
   cfg.validate();
+  return cfg;
+}
+
+bool is_auto(const BenchArgs& a) {
+  return (a.strategies.size() == 1 && a.strategies[0] == "auto") || a.ulysses == "auto";
+}
+
+int64_t ulysses_of(const BenchArgs& a) { return parse_count("bench", "ulysses", a.ulysses); }
+
+// --strategy auto / --ulysses auto: the planner's choice among what the command leaves open
+// (bench runs head_tail, overlap off and on).
+PlanReport bench_auto_plan(const BenchArgs& a, int64_t world_size) {
+  for (const std::string& s : a.strategies)
+    MLACP_REQUIRE(s != "auto" || a.strategies.size() == 1, "bench", "--strategy auto cannot be listed with strategies",
+                  {got("strategy", s)}, "pass --strategy auto alone");
+  AutoPlanQuery q;
+  q.config = bench_config(a);
+  q.seq_len = a.seq;
+  q.batch = a.batch;
+  q.cp = world_size;
+  q.dtype = a.dtype;
+  if (!(a.strategies.size() == 1 && a.strategies[0] == "auto")) {
+    MLACP_REQUIRE(a.strategies.size() <= 1, "bench", "--ulysses auto takes one strategy or auto",
+                  {got("strategies", a.strategies.size())}, "pass --strategy latent_kv_head or --strategy auto");
+    if (a.strategies.size() == 1) q.strategy = parse_strategy(a.strategies[0]);
+  }
+  if (a.ulysses != "auto") q.ulysses = ulysses_of(a) == 0 ? world_size : ulysses_of(a);
+  q.partition = CpPartition::head_tail;
+  q.bandwidth_gbps = a.bandwidth_gbps;
+  q.latency_us = a.latency_us;
+  q.hardware = a.plan_hardware;
+  return plan_for_auto(q);
+}
+
+BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t world_size, int launcher_ranks) {
+  BenchSetup b;
+  MlaConfig& cfg = b.cfg;
+  cfg = bench_config(a);
   b.dtype = parse_dtype(a.dtype);
   for (const auto& s : a.strategies) b.strategies.push_back(parse_strategy(s));
   if (b.strategies.empty()) b.strategies = {CpStrategy::expanded_ulysses, CpStrategy::latent_kv_head};
-  b.shape = MeshShape{1, world_size, 1, a.ulysses};
+  b.shape = MeshShape{1, world_size, 1, ulysses_of(a)};
   for (CpStrategy s : b.strategies) CpPlan(plan_spec_for(cfg, b.shape, s, CpPartition::head_tail, true));
   check_shardable(CpPartition::head_tail, a.seq, world_size);
   MLACP_REQUIRE(a.transfer_fraction > 0.0 && a.transfer_fraction <= 4.0, "bench",
@@ -229,6 +269,26 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   MLACP_REQUIRE(std::isfinite(a.latency_us) && a.latency_us >= 0.0, "bench",
                 "--latency-us must be a finite number >= 0", {got("latency_us", a.latency_us)},
                 "pass e.g. --latency-us 20");
+  if (is_auto(a)) {
+    // Resolved once, by the launcher (the ranks get the choice on their command line), or on
+    // every rank alike under torchrun, where only a profile or file gives every rank one answer.
+    MLACP_REQUIRE(!launched_as_rank() || !a.plan_hardware.empty(), "bench",
+                  "--strategy/--ulysses auto under torchrun needs --plan-hardware (a calibration per rank could choose "
+                  "differently on each)",
+                  {}, "write one with mlacp plan --calibrate --save-hardware FILE and pass --plan-hardware FILE");
+    const PlanReport report = bench_auto_plan(a, launched_as_rank() ? world_from_env().size : a.nproc);
+    BenchArgs chosen = a;
+    chosen.strategies = {strategy_name(report.choice().spec.strategy)};
+    chosen.ulysses = std::to_string(report.choice().spec.ulysses);
+    chosen.plan_hardware.clear();
+    if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
+    if (!launched_as_rank()) {
+      CommonArgs with = common;
+      with.argv = with_planned_choice(common.argv, {{"--strategy", chosen.strategies[0]}, {"--ulysses", chosen.ulysses}});
+      return run_bench(with, chosen);
+    }
+    return run_bench(common, chosen);
+  }
   if (!launched_as_rank()) {
     bench_setup(common, a, a.nproc, a.nproc);  // every rule before any rank starts
     // Each local rank on its own cores unless asked otherwise: on a small host an unpinned rank

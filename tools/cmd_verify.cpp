@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "memory_check.h"
 #include "output_file.h"
+#include "plan_command.h"
 #include "core/format.h"
 #include "mlacp/checkpoint.h"
 #include "mlacp/errors.h"
@@ -48,8 +49,10 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--dp", a.dp, "data-parallel degree")->check(CLI::Range(1, 65536));
   g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))")->check(CLI::Range(1, 65536));
   g->add_option("--tp", a.tp, "tensor-parallel degree")->check(CLI::Range(1, 65536));
-  g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P)");
-  g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head");
+  g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P), or auto (the planner's choice)");
+  g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head | auto (the planner's choice)");
+  g->add_option("--plan-hardware", a.plan_hardware,
+                "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
   g->add_option("--partition", a.partition, "contiguous | head_tail");
   g->add_option("--causal", a.causal, "true | false")->check(CLI::IsMember({"true", "false", "1", "0"}));
   g->add_option("--doc-ends", a.doc_ends, "packed document ends (global, batch 1)")->delimiter(',');
@@ -128,7 +131,7 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size, bool read_weights) {
   c.mesh.dp = a.dp.value_or(1);
   c.mesh.tp = a.tp.value_or(1);
   c.mesh.cp = a.cp.value_or(std::max<int64_t>(1, world_size / (c.mesh.dp * c.mesh.tp)));
-  c.mesh.ulysses = a.ulysses.value_or(0);
+  c.mesh.ulysses = a.ulysses ? parse_count("verify", "ulysses", *a.ulysses) : 0;
   if (a.strategy) c.strategy = parse_strategy(*a.strategy);
   if (a.partition) c.partition = parse_partition(*a.partition);
   if (a.dtype) c.dtype = parse_dtype(*a.dtype);
@@ -340,7 +343,61 @@ CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
   return cmd;
 }
 
+// --strategy auto / --ulysses auto: the planner's choice for the ad-hoc case, among what its
+// flags leave open (partition and overlap too when not given). Returns the arguments with the
+// choice in place of auto, and the command line the ranks get.
+std::pair<VerifyArgs, CommonArgs> resolve_auto(const CommonArgs& common, const VerifyArgs& args, int64_t world_size) {
+  const AdHocCase& a = args.adhoc;
+  AdHocCase probe = a;  // the case with a placeholder choice, for its shapes and degrees
+  probe.strategy = "latent_kv_head";
+  probe.ulysses = "0";
+  const CpCase c = build_adhoc(probe, world_size, false);
+  AutoPlanQuery q;
+  q.config = c.base.config;
+  q.seq_len = c.base.seq_len;
+  q.batch = c.base.batch;
+  q.cp = c.mesh.cp;
+  q.tp = c.mesh.tp;
+  q.dtype = dtype_name(c.dtype);
+  q.causal = c.base.causal.value_or(c.base.config.causal);
+  if (a.strategy != "auto") q.strategy = parse_strategy(*a.strategy);
+  if (a.ulysses != "auto") {
+    const int64_t u = a.ulysses ? parse_count("verify", "ulysses", *a.ulysses) : 0;
+    q.ulysses = u == 0 ? c.mesh.cp : u;
+  }
+  if (a.partition) q.partition = c.partition;
+  if (a.overlap) q.overlap = c.overlap;
+  q.hardware = a.plan_hardware;
+  const PlanReport report = plan_for_auto(q);
+  const CandidatePrediction& choice = report.choice();
+  if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
+  VerifyArgs chosen = args;
+  chosen.adhoc.strategy = strategy_name(choice.spec.strategy);
+  chosen.adhoc.ulysses = std::to_string(choice.spec.ulysses);
+  chosen.adhoc.partition = partition_name(choice.spec.partition);
+  chosen.adhoc.overlap = choice.spec.overlap;
+  chosen.adhoc.plan_hardware.clear();
+  CommonArgs with = common;
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"--strategy", *chosen.adhoc.strategy},
+      {"--ulysses", *chosen.adhoc.ulysses},
+      {"--partition", *chosen.adhoc.partition},
+      {"--overlap", choice.spec.overlap ? "true" : "false"}};
+  with.argv = with_planned_choice(common.argv, values);
+  return {chosen, with};
+}
+
 int run_verify(const CommonArgs& common, const VerifyArgs& args) {
+  if (args.adhoc.strategy == "auto" || args.adhoc.ulysses == "auto") {
+    MLACP_REQUIRE(!args.single_device && !args.list, "verify", "--strategy/--ulysses auto needs ranks to run on",
+                  {}, "drop --single-device / --list, or give the strategy");
+    MLACP_REQUIRE(!launched_as_rank() || !args.adhoc.plan_hardware.empty(), "verify",
+                  "--strategy/--ulysses auto under torchrun needs --plan-hardware (a calibration per rank could choose "
+                  "differently on each)",
+                  {}, "write one with mlacp plan --calibrate --save-hardware FILE and pass --plan-hardware FILE");
+    const auto [chosen, with] = resolve_auto(common, args, launched_as_rank() ? world_from_env().size : args.nproc);
+    return run_verify(with, chosen);
+  }
   if (!args.json_path.empty()) check_output_file("--json", args.json_path);  // before any rank starts
   if (args.single_device) {
     MLACP_REQUIRE(args.adhoc.checkpoint.empty(), "verify",

@@ -39,7 +39,9 @@ struct AdHocCase {
   std::string preset = "tiny";
   std::string config_path;
   std::optional<int64_t> hidden, heads, q_rank, kv_rank, nope, rope, value;
-  std::optional<int64_t> seq, batch, dp, cp, tp, ulysses, band, seed;
+  std::optional<int64_t> seq, batch, dp, cp, tp, band, seed;
+  std::optional<std::string> ulysses;  // a number, or "auto" (the planner's choice)
+  std::string plan_hardware;           // with auto: a profile or hardware file ("": calibrate)
   std::optional<std::string> strategy, partition, dtype;
   std::optional<bool> causal;
   std::vector<int64_t> doc_ends, masked_rows;
@@ -68,8 +70,9 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args);
 
 struct BenchArgs {
   int nproc = 2;
-  std::vector<std::string> strategies;
-  int64_t ulysses = 0;
+  std::vector<std::string> strategies;  // or {"auto"}: the planner's choice (plan_command.h)
+  std::string ulysses = "0";            // a number, or "auto"
+  std::string plan_hardware;            // with auto: profile or hardware file ("": calibrate this host)
   // Default case: DeepSeek-V3's attention dims (q rank 1536, kv rank 512, nope 128, rope 64,
   // value 128) with 16 heads and hidden 1024, so a step takes a fraction of a second here.
   int64_t seq = 512, batch = 1, hidden = 1024, heads = 16, q_rank = 1536, kv_rank = 512;

@@ -6,6 +6,7 @@
 //   compare   --compare: launcher twice (the parallel layout, then 1 rank without CP), then
 //             compare the two loss curves and plot them.
 #include "train_command.h"
+#include "plan_command.h"
 
 #include <unistd.h>
 
@@ -67,7 +68,7 @@ train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   c.mesh.dp = a.dp;
   c.mesh.tp = a.tp;
   c.mesh.cp = a.cp.value_or(std::max<int64_t>(1, world_size / std::max<int64_t>(1, a.dp * a.tp)));
-  c.mesh.ulysses = a.ulysses;
+  c.mesh.ulysses = parse_count(kWhat, "ulysses", a.ulysses);
   c.strategy = parse_strategy(a.strategy);
   c.partition = parse_partition(a.partition);
   c.overlap = a.overlap;
@@ -481,7 +482,7 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   TrainArgs single = args;
   single.dp = single.tp = 1;
   single.cp = 1;
-  single.ulysses = 0;
+  single.ulysses = "0";
   single.plot.clear();
   single.reference.clear();
   TrainArgs parallel = single;
@@ -567,8 +568,12 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
-  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P)")->capture_default_str();
-  layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head")->capture_default_str();
+  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P), or auto (the planner's choice)")
+      ->capture_default_str();
+  layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head | auto (the planner's choice)")
+      ->capture_default_str();
+  layout->add_option("--plan-hardware", args.plan_hardware,
+                     "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
   layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();
   layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
   auto* model = cmd->add_option_group("model and data");
@@ -608,7 +613,50 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   return cmd;
 }
 
+// --strategy auto / --ulysses auto: the planner's choice for one decoder layer's attention at the
+// run's S, batch per CP group, degrees and dtype (partition as given; overlap too when --overlap
+// is not given). The launcher resolves it once and passes the choice to the ranks.
+int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
+  MLACP_REQUIRE(!launched_as_rank() || !args.plan_hardware.empty(), kWhat,
+                "--strategy/--ulysses auto under torchrun needs --plan-hardware (a calibration per rank could choose "
+                "differently on each)",
+                {}, "write one with mlacp plan --calibrate --save-hardware FILE and pass --plan-hardware FILE");
+  TrainArgs probe = args;
+  probe.strategy = "latent_kv_head";
+  probe.ulysses = "0";
+  const train::TrainConfig c = build_config(probe, launched_as_rank() ? world_from_env().size : args.nproc);
+  AutoPlanQuery q;
+  q.config = c.model.attention;
+  q.seq_len = c.seq_len;
+  q.batch = std::max<int64_t>(1, c.batch / std::max<int64_t>(1, c.mesh.dp));
+  q.cp = c.mesh.cp;
+  q.tp = c.mesh.tp;
+  q.dtype = dtype_name(c.dtype);
+  if (args.strategy != "auto") q.strategy = parse_strategy(args.strategy);
+  if (args.ulysses != "auto") {
+    const int64_t u = parse_count(kWhat, "ulysses", args.ulysses);
+    q.ulysses = u == 0 ? c.mesh.cp : u;
+  }
+  q.partition = c.partition;
+  if (args.overlap) q.overlap = true;
+  q.hardware = args.plan_hardware;
+  const PlanReport report = plan_for_auto(q);
+  const CandidatePrediction& choice = report.choice();
+  if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
+  TrainArgs chosen = args;
+  chosen.strategy = strategy_name(choice.spec.strategy);
+  chosen.ulysses = std::to_string(choice.spec.ulysses);
+  chosen.overlap = choice.spec.overlap;
+  chosen.plan_hardware.clear();
+  CommonArgs with = common;
+  with.argv = with_planned_choice(common.argv, {{"--strategy", chosen.strategy}, {"--ulysses", chosen.ulysses}});
+  if (chosen.overlap && std::find(with.argv.begin(), with.argv.end(), "--overlap") == with.argv.end())
+    with.argv.push_back("--overlap");
+  return run_train(with, chosen);
+}
+
 int run_train(const CommonArgs& common, const TrainArgs& args) {
+  if (args.strategy == "auto" || args.ulysses == "auto") return run_train_auto(common, args);
   if (launched_as_rank()) return run_as_rank(common, args);
   if (args.compare) return run_compare(common, args);
   return run_launcher(common, args);

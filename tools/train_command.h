@@ -24,8 +24,10 @@ struct TrainArgs {
   // layout
   int nproc = 4;
   std::optional<int64_t> cp;  // default: world / (dp * tp)
-  int64_t dp = 1, tp = 1, ulysses = 0;
-  std::string strategy = "latent_kv_head";
+  int64_t dp = 1, tp = 1;
+  std::string ulysses = "0";                // a number (0: U = P) or "auto"
+  std::string strategy = "latent_kv_head";  // or "auto": the planner's choice (plan_command.h)
+  std::string plan_hardware;                // with auto: a profile or hardware file ("": calibrate)
   std::string partition = "head_tail";
   bool overlap = false;
   // model and data

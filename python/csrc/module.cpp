@@ -15,6 +15,7 @@
 #include "mlacp/config.h"
 #include "mlacp/errors.h"
 #include "mlacp/plan.h"
+#include "mlacp/planner.h"
 #include "mlacp/runtime.h"
 
 namespace py = pybind11;
@@ -145,5 +146,41 @@ PYBIND11_MODULE(_C, m) {
       py::arg("shards"), py::arg("partition"), py::arg("dim") = 1);
   m.def("parse_config_json", [](const std::string& text) { return mlacp::config_to_json(mlacp::parse_config_json(text)); },
         py::arg("config_json"), "The config as mlacp reads it (JSON), or MlacpError.");
+  m.def(
+      "plan",
+      [](const std::string& config_json, int64_t seq_len, int64_t batch, int64_t cp, int64_t tp, const std::string& dtype,
+         const std::vector<std::string>& strategies, int64_t ulysses, const std::vector<std::string>& partitions,
+         std::optional<bool> overlap, const std::string& hardware, std::optional<double> bandwidth_gbps,
+         std::optional<double> latency_us) {
+        py::gil_scoped_release no_gil;  // a calibration runs LibTorch's autograd engine
+        mlacp::PlanRequest r;
+        r.config = mlacp::parse_config_json(config_json);
+        r.seq_len = seq_len;
+        r.batch = batch;
+        r.cp = cp;
+        r.tp = tp;
+        r.dtype = dtype;
+        for (const std::string& s : strategies) r.strategies.push_back(mlacp::parse_strategy(s));
+        r.ulysses = ulysses;
+        for (const std::string& p : partitions) r.partitions.push_back(mlacp::parse_partition(p));
+        if (overlap) r.overlaps = {*overlap};
+        if (hardware == "calibrate") {
+          mlacp::CalibrationOptions options;
+          options.dtypes = {dtype};
+          options.seq_len = 512;
+          options.repeats = 1;
+          options.concurrent = false;  // no fork inside a Python process
+          r.hardware = mlacp::calibrate_host(r.config, options);
+        } else {
+          r.hardware = mlacp::hardware_named(hardware);
+        }
+        if (bandwidth_gbps) r.hardware.intra_node.bandwidth_bytes_per_s = *bandwidth_gbps * 1e9;
+        if (latency_us) r.hardware.intra_node.latency_s = *latency_us * 1e-6;
+        return mlacp::plan_context_parallel(r).to_json();
+      },
+      py::arg("config_json"), py::arg("seq_len"), py::arg("batch"), py::arg("cp"), py::arg("tp"), py::arg("dtype"),
+      py::arg("strategies"), py::arg("ulysses"), py::arg("partitions"), py::arg("overlap"), py::arg("hardware"),
+      py::arg("bandwidth_gbps"), py::arg("latency_us"),
+      "The planner's report (JSON text) for one layer: include/mlacp/planner.h.");
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });
 }

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import STRATEGIES, ContextParallelGroups, _C, _check_partition, _error, shard_sequence, unshard_sequence
+from . import STRATEGIES, ContextParallelGroups, MlacpError, _C, _check_partition, _error, shard_sequence, unshard_sequence
 
 __all__ = ["parallelize_model", "CpModel", "ATTENTION_CLASSES"]
 
@@ -136,8 +136,40 @@ def _config_json(config) -> str:
     return json.dumps({k: d[k] for k in fields if k in d and (d[k] is not None or k == "q_lora_rank")})
 
 
+def _auto_strategy(config_json: str, groups: ContextParallelGroups, seq_len, batch: int, dtype: str, partition: str,
+                   overlap: bool, plan_hardware: str, bandwidth_gbps) -> str:
+    """The planner's strategy for the groups' P and U (rank 0 of the CP group decides, calibrating
+    its machine or reading ``plan_hardware``; every rank receives the same answer or error)."""
+    if seq_len is None or int(seq_len) <= 0:
+        raise _error("options", "strategy='auto' needs the global sequence length", {"seq_len": seq_len},
+                     "pass seq_len=S (and batch=B) to parallelize_model, or name the strategy")
+    decision = [None]
+    if groups.rank == 0:
+        try:
+            report = json.loads(_C.plan(config_json, int(seq_len), int(batch), groups.size, 1, dtype, [],
+                                        groups.ulysses, [partition], bool(overlap), plan_hardware,
+                                        bandwidth_gbps, None))
+            if report["chosen"] is None:
+                decision = [{"error": f"mlacp: plan: {report['explanation']}"}]
+            else:
+                choice = report["candidates"][report["chosen"]]
+                print(f"mlacp auto: {choice['label']} ({report['summary']})\n" +
+                      "\n".join("mlacp auto:   " + line for line in report["explanation"].splitlines()), flush=True)
+                decision = [{"strategy": choice["strategy"]}]
+        except MlacpError as e:
+            decision = [{"error": str(e)}]
+    if groups.size > 1:
+        dist.broadcast_object_list(decision, src=dist.get_global_rank(groups.cp_group, 0)
+                                   if hasattr(dist, "get_global_rank") else 0, group=groups.cp_group)
+    if "error" in decision[0]:
+        raise MlacpError(decision[0]["error"])
+    return decision[0]["strategy"]
+
+
 def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, strategy: str = "latent_kv_head",
-                      partition: str = "head_tail", overlap: bool = True, kernel: str = "blockwise") -> CpModel:
+                      partition: str = "head_tail", overlap: bool = True, kernel: str = "blockwise",
+                      seq_len: Optional[int] = None, batch: int = 1, plan_hardware: str = "calibrate",
+                      bandwidth_gbps: Optional[float] = None) -> CpModel:
     """Makes every DeepSeek MLA attention layer of ``model`` run with context parallelism.
 
     Args:
@@ -145,7 +177,12 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
             any model whose attention modules are ``DeepseekV3Attention``/``DeepseekV2Attention``.
             Its parameters must already be on their device and dtype.
         groups: :class:`mlacp.ContextParallelGroups` (the CP group and the Ulysses degree).
-        strategy: ``"latent_kv_head"`` (moves the latent) or ``"expanded_ulysses"`` (per-head K/V).
+        strategy: ``"latent_kv_head"`` (moves the latent), ``"expanded_ulysses"`` (per-head K/V), or
+            ``"auto"``: the planner's choice (``mlacp plan``, docs/DESIGN.md §15) for ``seq_len``,
+            ``batch``, the groups' P and U, the partition, overlap and the parameters' dtype, on
+            ``plan_hardware`` (``"calibrate"``: rank 0 measures its machine; a profile such as
+            ``"h200-nvlink-ib"``; or a hardware file) with ``bandwidth_gbps`` as the link. Rank 0
+            of the CP group prints the choice and why, and every rank runs it.
         partition: ``"head_tail"`` (balanced causal work) or ``"contiguous"``.
         overlap: hide communication behind computation (same results bit for bit).
         kernel: ``"blockwise"`` (flash-style) or ``"reference"`` (naive; for checking).
@@ -153,9 +190,10 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
     Every rank must call it with the same model config and options (a plan fingerprint is
     compared across the CP group: a mismatch is an error on every rank, not a hang).
     """
-    if strategy not in STRATEGIES:
-        raise _error("options", "strategy must be latent_kv_head or expanded_ulysses", {"strategy": strategy},
-                     "latent_kv_head moves the 576-wide latent; expanded_ulysses moves per-head K/V")
+    if strategy not in STRATEGIES and strategy != "auto":
+        raise _error("options", "strategy must be latent_kv_head, expanded_ulysses or auto", {"strategy": strategy},
+                     "latent_kv_head moves the 576-wide latent; expanded_ulysses moves per-head K/V; auto asks the "
+                     "planner")
     _check_partition(partition)
     base = _find_base_model(model)
     layers = [(name, m) for name, m in model.named_modules() if type(m).__name__ in ATTENTION_CLASSES]
@@ -166,6 +204,11 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
         raise _error(_WHAT, "the model is already parallelized", {}, "call parallelize_model once per model")
     config = getattr(model, "config", None) or base.config
     config_json = _config_json(config)
+    if strategy == "auto":
+        dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(
+            next(model.parameters()).dtype, "float32")
+        strategy = _auto_strategy(config_json, groups, seq_len, batch, dtype, partition, overlap, plan_hardware,
+                                  bandwidth_gbps)
     handle = CpModel(model, groups, strategy, partition, overlap, kernel)
     device_type = next(model.parameters()).device.type
     for name, attention in layers:

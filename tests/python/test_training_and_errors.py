@@ -97,7 +97,7 @@ ERROR_CASES = {
     "ulysses_contradicts": "the CP group size must be divisible by the ulysses degree",
     "odd_local_sequence": "head_tail partition needs an even number of local tokens",
     "indivisible_sequence": "the sequence length must be divisible by 2 * cp",
-    "bad_strategy": "strategy must be latent_kv_head or expanded_ulysses",
+    "bad_strategy": "strategy must be latent_kv_head, expanded_ulysses or auto",
 }
 
 

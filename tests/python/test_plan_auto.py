@@ -1,0 +1,72 @@
+"""strategy="auto": the planner's choice, made by rank 0 of the CP group (calibrating its machine,
+or from a profile) and run by every rank; the choice is the report's; errors reach every rank."""
+import json
+
+import torch
+import torch.distributed as dist
+
+import distributed
+import models
+
+
+def _auto_worker(rank, world, hardware, bandwidth):
+    import mlacp
+    import mlacp.hf
+
+    config = models.tiny_config()
+    reference = models.tiny_model(config, torch.float64)
+    patched = models.clone(reference)
+    groups = mlacp.ContextParallelGroups(dist.group.WORLD)
+    cp = mlacp.hf.parallelize_model(patched, groups, strategy="auto", seq_len=32, plan_hardware=hardware,
+                                    bandwidth_gbps=bandwidth)
+    input_ids, position_ids = models.batch(32, seed=3)
+    batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
+    shifted = models.shift_labels(input_ids)
+    share = models.causal_lm_loss(patched(**batch).logits, batch["shift_labels"], batch["num_items_in_batch"])
+    loss = mlacp.all_reduce_loss(share, groups).item()
+    want = models.causal_lm_loss(reference(input_ids=input_ids, position_ids=position_ids).logits, shifted,
+                                 int((shifted != -100).sum())).item()
+    return {"strategy": cp.strategy, "loss_error": abs(loss - want)}
+
+
+def test_auto_runs_the_planners_choice_on_every_rank():
+    import mlacp
+
+    for bandwidth in (None, 1e-4):
+        out = distributed.results(distributed.run(_auto_worker, 2, "calibrate", bandwidth))
+        strategies = {o["strategy"] for o in out}
+        assert len(strategies) == 1 and strategies <= set(mlacp.STRATEGIES), out
+        assert all(o["loss_error"] < 1e-10 for o in out), out
+    # A very slow link (0.1 MB/s): the latent (fewer bytes) is the choice.
+    assert out[0]["strategy"] == "latent_kv_head", out
+
+
+def test_the_binding_returns_the_planners_report():
+    import mlacp
+    import mlacp.hf
+
+    config_json = mlacp.hf._config_json(models.tiny_config())
+    report = json.loads(mlacp._C.plan(config_json, 4096, 1, 4, 1, "bfloat16", [], 0, [], None, "h200-nvlink-ib",
+                                      1e-4, None))
+    choice = report["candidates"][report["chosen"]]
+    assert choice["feasible"] and choice["strategy"] == "latent_kv_head" and choice["ulysses"] == 1, choice
+    assert "chosen: " + choice["label"] in report["explanation"]
+
+
+def _auto_error_worker(rank, world):
+    import mlacp
+    import mlacp.hf
+
+    model = models.tiny_model(models.tiny_config(), torch.float64)
+    try:
+        mlacp.hf.parallelize_model(model, mlacp.ContextParallelGroups(dist.group.WORLD), strategy="auto",
+                                   seq_len=32, plan_hardware="no-such-profile")
+    except mlacp.MlacpError as e:
+        return str(e)
+    return None
+
+
+def test_auto_errors_reach_every_rank():
+    messages = distributed.results(distributed.run(_auto_error_worker, 2))
+    assert len(set(messages)) == 1 and messages[0].startswith("mlacp: "), messages
+    assert "neither a profile nor a readable hardware file" in messages[0], messages
