@@ -60,6 +60,10 @@ class ContextParallelGroups:
             CPU tensors, nccl for CUDA). ``None`` means the default (world) group.
         ulysses: the Ulysses degree U (a divisor of the CP size P). ``None`` = P (pure Ulysses
             for ``expanded_ulysses``; the latent strategy then exchanges heads over all of P).
+            ``"auto"``: the planner chooses U and the strategy for ``model_config`` (a transformers
+            DeepSeek config) at ``seq_len``, ``batch`` and ``dtype`` on ``plan_hardware``
+            (``"calibrate"``, a profile or a hardware file) with ``bandwidth_gbps`` as the link;
+            ``planned`` holds the choice and ``parallelize_model(strategy="auto")`` runs it.
             With ``1 < U < P`` the Ulysses groups are U consecutive CP ranks and the all-gather
             groups ``{u, u+U, ...}``; they are created here with ``dist.new_group``, so every
             rank of the world must construct its ContextParallelGroups at the same point.
@@ -67,13 +71,21 @@ class ContextParallelGroups:
     Like torch's ``DeviceMesh``, this must be built on every rank of the world in the same order.
     """
 
-    def __init__(self, cp_group: Optional[dist.ProcessGroup] = None, ulysses: Optional[int] = None):
+    def __init__(self, cp_group: Optional[dist.ProcessGroup] = None, ulysses=None, *, model_config=None,
+                 seq_len: Optional[int] = None, batch: int = 1, dtype: str = "float32",
+                 plan_hardware: str = "calibrate", bandwidth_gbps: Optional[float] = None):
         if not dist.is_available() or not dist.is_initialized():
             raise _error("process groups", "torch.distributed must be initialised", {},
                          "call torch.distributed.init_process_group() first (e.g. under torchrun)")
         self.cp_group = cp_group if cp_group is not None else dist.group.WORLD
         self.size = dist.get_world_size(self.cp_group)
         self.rank = dist.get_rank(self.cp_group)
+        # ulysses="auto": the planner's (strategy, U) for this model and S (rank 0 of the CP group
+        # decides; parallelize_model(strategy="auto") then runs the planned strategy).
+        self.planned: Optional[dict] = None
+        if ulysses == "auto":
+            self.planned = _plan_for_groups(self, model_config, seq_len, batch, dtype, plan_hardware, bandwidth_gbps)
+            ulysses = self.planned["ulysses"]
         u = self.size if ulysses is None else int(ulysses)
         if u < 1 or self.size % u != 0:
             raise _error("process groups", "the CP group size must be divisible by the ulysses degree",
@@ -112,6 +124,39 @@ class ContextParallelGroups:
 
     def __repr__(self) -> str:
         return f"ContextParallelGroups(cp={self.size}, rank={self.rank}, ulysses={self.ulysses})"
+
+
+def _plan_for_groups(groups: "ContextParallelGroups", model_config, seq_len, batch, dtype, plan_hardware,
+                     bandwidth_gbps) -> dict:
+    """The planner's choice of strategy and U for a CP group of ``groups.size`` ranks, with
+    parallelize_model's defaults (head_tail, overlap on): rank 0 of the group asks the planner,
+    every rank receives its answer (or its error)."""
+    if model_config is None or seq_len is None or int(seq_len) <= 0:
+        raise _error("process groups", "ulysses='auto' needs the model's config and the global sequence length",
+                     {"model_config": type(model_config).__name__, "seq_len": seq_len},
+                     "pass model_config=model.config and seq_len=S, or give ulysses")
+    decision = [None]
+    if groups.rank == 0:
+        try:
+            import json
+            from .hf import _config_json
+            report = json.loads(_C.plan(_config_json(model_config), int(seq_len), int(batch), groups.size, 1, dtype,
+                                        [], 0, ["head_tail"], True, plan_hardware, bandwidth_gbps, None))
+            if report["chosen"] is None:
+                decision = [{"error": f"mlacp: plan: {report['explanation']}"}]
+            else:
+                c = report["candidates"][report["chosen"]]
+                print(f"mlacp auto: {c['label']} ({report['summary']})\n" +
+                      "\n".join("mlacp auto:   " + line for line in report["explanation"].splitlines()), flush=True)
+                decision = [{"strategy": c["strategy"], "ulysses": c["ulysses"], "partition": c["partition"],
+                             "overlap": c["overlap"], "label": c["label"]}]
+        except MlacpError as e:
+            decision = [{"error": str(e)}]
+    if groups.size > 1:
+        dist.broadcast_object_list(decision, src=dist.get_global_rank(groups.cp_group, 0), group=groups.cp_group)
+    if "error" in decision[0]:
+        raise MlacpError(decision[0]["error"])
+    return decision[0]
 
 
 def _check_partition(partition: str) -> None:

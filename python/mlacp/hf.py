@@ -159,8 +159,7 @@ def _auto_strategy(config_json: str, groups: ContextParallelGroups, seq_len, bat
         except MlacpError as e:
             decision = [{"error": str(e)}]
     if groups.size > 1:
-        dist.broadcast_object_list(decision, src=dist.get_global_rank(groups.cp_group, 0)
-                                   if hasattr(dist, "get_global_rank") else 0, group=groups.cp_group)
+        dist.broadcast_object_list(decision, src=dist.get_global_rank(groups.cp_group, 0), group=groups.cp_group)
     if "error" in decision[0]:
         raise MlacpError(decision[0]["error"])
     return decision[0]["strategy"]
@@ -182,7 +181,9 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
             ``batch``, the groups' P and U, the partition, overlap and the parameters' dtype, on
             ``plan_hardware`` (``"calibrate"``: rank 0 measures its machine; a profile such as
             ``"h200-nvlink-ib"``; or a hardware file) with ``bandwidth_gbps`` as the link. Rank 0
-            of the CP group prints the choice and why, and every rank runs it.
+            of the CP group prints the choice and why, and every rank runs it. With groups built with
+            ``ulysses="auto"`` (which plan strategy and U together) and no ``seq_len`` here, the
+            groups' planned strategy runs.
         partition: ``"head_tail"`` (balanced causal work) or ``"contiguous"``.
         overlap: hide communication behind computation (same results bit for bit).
         kernel: ``"blockwise"`` (flash-style) or ``"reference"`` (naive; for checking).
@@ -204,6 +205,8 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
         raise _error(_WHAT, "the model is already parallelized", {}, "call parallelize_model once per model")
     config = getattr(model, "config", None) or base.config
     config_json = _config_json(config)
+    if strategy == "auto" and groups.planned is not None and seq_len is None:
+        strategy = groups.planned["strategy"]  # planned with the groups (ulysses="auto")
     if strategy == "auto":
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(
             next(model.parameters()).dtype, "float32")

@@ -53,6 +53,37 @@ def test_the_binding_returns_the_planners_report():
     assert "chosen: " + choice["label"] in report["explanation"]
 
 
+def _auto_groups_worker(rank, world):
+    import mlacp
+    import mlacp.hf
+
+    config = models.tiny_config()
+    reference = models.tiny_model(config, torch.float64)
+    patched = models.clone(reference)
+    groups = mlacp.ContextParallelGroups(dist.group.WORLD, ulysses="auto", model_config=config, seq_len=32,
+                                         dtype="float64", bandwidth_gbps=1e-4)
+    cp = mlacp.hf.parallelize_model(patched, groups, strategy="auto")
+    input_ids, position_ids = models.batch(32, seed=4)
+    batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
+    shifted = models.shift_labels(input_ids)
+    share = models.causal_lm_loss(patched(**batch).logits, batch["shift_labels"], batch["num_items_in_batch"])
+    loss = mlacp.all_reduce_loss(share, groups).item()
+    want = models.causal_lm_loss(reference(input_ids=input_ids, position_ids=position_ids).logits, shifted,
+                                 int((shifted != -100).sum())).item()
+    return {"planned": groups.planned, "ulysses": groups.ulysses, "strategy": cp.strategy,
+            "loss_error": abs(loss - want)}
+
+
+def test_ulysses_auto_plans_the_groups_and_the_strategy():
+    out = distributed.results(distributed.run(_auto_groups_worker, 4))
+    assert len({json.dumps(o["planned"], sort_keys=True) for o in out}) == 1, out
+    planned = out[0]["planned"]
+    assert all(o["ulysses"] == planned["ulysses"] and o["strategy"] == planned["strategy"] for o in out), out
+    assert all(o["loss_error"] < 1e-10 for o in out), out
+    # A 0.1 MB/s link on 4 ranks: the latent gathered over all of them, no Q/O exchange (U = 1).
+    assert planned["strategy"] == "latent_kv_head" and planned["ulysses"] == 1, planned
+
+
 def _auto_error_worker(rank, world):
     import mlacp
     import mlacp.hf
