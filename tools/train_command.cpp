@@ -392,11 +392,15 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
                 << resumed << "\n";
   }
   while (!trainer.done()) {
-    const StepRecord r = trainer.step();
+    // The record is written before the step's checkpoint (a kill between them leaves the log a
+    // step ahead of the newest checkpoint, which a resume trims, never a step behind).
+    const StepRecord r = trainer.step([&](const StepRecord& record) {
+      if (!lead) return;
+      for (std::ofstream* out : {&log, &copy})
+        if (out->is_open()) *out << record.to_json() << "\n" << std::flush;
+    });
     if (!lead) continue;
     records.push_back(r);
-    for (std::ofstream* out : {&log, &copy})
-      if (out->is_open()) *out << r.to_json() << "\n" << std::flush;
     if (progress) progress->update(r);
   }
   if (!lead || !own_report) return 0;

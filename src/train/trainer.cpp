@@ -405,7 +405,7 @@ double Trainer::clip_gradients() {
   return norm;
 }
 
-StepRecord Trainer::step() {
+StepRecord Trainer::step(const std::function<void(const StepRecord&)>& recorded) {
   const double begin = now_seconds();
   StepRecord r;
   r.step = step_ + 1;
@@ -437,6 +437,7 @@ StepRecord Trainer::step() {
   r.step_seconds = end - begin;
   r.tokens_per_second = r.step_seconds > 0.0 ? static_cast<double>(r.tokens) / r.step_seconds : 0.0;
   r.elapsed_seconds = end - started_;
+  if (recorded) recorded(r);
   const bool due = config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0;
   if (!config_.checkpoint_dir.empty() && (due || done())) save_checkpoint();
   return r;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -152,7 +153,9 @@ class Trainer {
   Trainer(const TrainConfig& config, const ParallelGroups& groups);
 
   // Runs step current_step()+1; saves a checkpoint when one is due (collective on every rank).
-  StepRecord step();
+  // `recorded` gets the step's record first, before that checkpoint: a log written there holds
+  // every step a checkpoint holds, so a kill between the two never leaves a resumed log a gap.
+  StepRecord step(const std::function<void(const StepRecord&)>& recorded = {});
   bool done() const { return step_ >= config_.steps; }
   int64_t current_step() const { return step_; }
   int64_t data_position() const { return sampler_.position(); }
