@@ -135,13 +135,21 @@ def _plan_for_groups(groups: "ContextParallelGroups", model_config, seq_len, bat
         raise _error("process groups", "ulysses='auto' needs the model's config and the global sequence length",
                      {"model_config": type(model_config).__name__, "seq_len": seq_len},
                      "pass model_config=model.config and seq_len=S, or give ulysses")
+    from .hf import _config_json
+    return _planned_choice(groups, _config_json(model_config), seq_len, batch, dtype, 0, ["head_tail"], True,
+                           plan_hardware, bandwidth_gbps)
+
+
+def _planned_choice(groups: "ContextParallelGroups", config_json: str, seq_len, batch, dtype, ulysses, partitions,
+                    overlap, plan_hardware, bandwidth_gbps) -> dict:
+    """The planner's choice for a CP group: rank 0 asks the planner and prints the choice and why;
+    every rank receives the choice, or the error, by broadcast."""
     decision = [None]
     if groups.rank == 0:
         try:
             import json
-            from .hf import _config_json
-            report = json.loads(_C.plan(_config_json(model_config), int(seq_len), int(batch), groups.size, 1, dtype,
-                                        [], 0, ["head_tail"], True, plan_hardware, bandwidth_gbps, None))
+            report = json.loads(_C.plan(config_json, int(seq_len), int(batch), groups.size, 1, dtype, [], ulysses,
+                                        partitions, overlap, plan_hardware, bandwidth_gbps, None))
             if report["chosen"] is None:
                 decision = [{"error": f"mlacp: plan: {report['explanation']}"}]
             else:

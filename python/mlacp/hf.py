@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import STRATEGIES, ContextParallelGroups, MlacpError, _C, _check_partition, _error, shard_sequence, unshard_sequence
+from . import STRATEGIES, ContextParallelGroups, _C, _check_partition, _error, _planned_choice, shard_sequence, unshard_sequence
 
 __all__ = ["parallelize_model", "CpModel", "ATTENTION_CLASSES"]
 
@@ -143,26 +143,8 @@ def _auto_strategy(config_json: str, groups: ContextParallelGroups, seq_len, bat
     if seq_len is None or int(seq_len) <= 0:
         raise _error("options", "strategy='auto' needs the global sequence length", {"seq_len": seq_len},
                      "pass seq_len=S (and batch=B) to parallelize_model, or name the strategy")
-    decision = [None]
-    if groups.rank == 0:
-        try:
-            report = json.loads(_C.plan(config_json, int(seq_len), int(batch), groups.size, 1, dtype, [],
-                                        groups.ulysses, [partition], bool(overlap), plan_hardware,
-                                        bandwidth_gbps, None))
-            if report["chosen"] is None:
-                decision = [{"error": f"mlacp: plan: {report['explanation']}"}]
-            else:
-                choice = report["candidates"][report["chosen"]]
-                print(f"mlacp auto: {choice['label']} ({report['summary']})\n" +
-                      "\n".join("mlacp auto:   " + line for line in report["explanation"].splitlines()), flush=True)
-                decision = [{"strategy": choice["strategy"]}]
-        except MlacpError as e:
-            decision = [{"error": str(e)}]
-    if groups.size > 1:
-        dist.broadcast_object_list(decision, src=dist.get_global_rank(groups.cp_group, 0), group=groups.cp_group)
-    if "error" in decision[0]:
-        raise MlacpError(decision[0]["error"])
-    return decision[0]["strategy"]
+    return _planned_choice(groups, config_json, seq_len, batch, dtype, groups.ulysses, [partition], bool(overlap),
+                           plan_hardware, bandwidth_gbps)["strategy"]
 
 
 def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, strategy: str = "latent_kv_head",
