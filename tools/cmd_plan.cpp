@@ -31,18 +31,25 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
   cmd->add_flag("!--no-causal", a.causal, "attention over every key (default causal)");
   cmd->add_option("--hardware", a.hardware,
                   "profile (h100-nvlink-ib, h200-nvlink-ib, h800-nvlink-ib) or a hardware file (default h200-nvlink-ib)");
-  cmd->add_flag("--calibrate", a.calibrate, "measure this machine instead (GEMM, attention kernel, elementwise)");
+  cmd->add_flag("--calibrate", a.calibrate,
+                "measure this machine instead (GEMM, attention kernel; the Gloo link and real CP steps on two local ranks)");
   cmd->add_option("--calibrate-seq", a.calibrate_seq, "sequence length of the calibration runs")
       ->check(CLI::Range(64, 65536));
   cmd->add_option("--save-hardware", a.save_hardware, "write the hardware (calibrated or loaded) to this JSON file");
   cmd->add_flag("--show-hardware", a.show_hardware, "print the hardware's figures as JSON");
   cmd->add_option("--bandwidth-gbps", a.bandwidth_gbps,
-                  "link bandwidth inside a node, GB/s per rank (overrides the hardware; e.g. bench's emulated link)")
+                  "link bandwidth inside a node, GB/s per rank (overrides the hardware's, e.g. the real network's figure)")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--latency-us", a.latency_us, "link latency inside a node, microseconds (overrides the hardware)")
       ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--inter-bandwidth-gbps", a.inter_bandwidth_gbps, "link bandwidth across nodes, GB/s per rank")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--emulated-gbps", a.emulated_gbps,
+                  "bench's emulated link (its --bandwidth-gbps), GB/s: a transfer takes the longer of it and the hardware's "
+                  "link")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--emulated-latency-us", a.emulated_latency_us, "bench's emulated link latency (its --latency-us)")
+      ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--rows", a.rows, "candidates shown in the table (--json has all)")->check(CLI::Range(1, 100000));
   cmd->add_option("--json", a.json_path, "also write the report as JSON");
   return cmd;
@@ -70,6 +77,8 @@ PlanRequest plan_request(const PlanArgs& a, const Hardware& hardware) {
   if (a.overlap == "off") r.overlaps = {false};
   r.causal = a.causal;
   r.hardware = hardware;
+  r.emulated_link.bandwidth_bytes_per_s = a.emulated_gbps * 1e9;
+  r.emulated_link.latency_s = a.emulated_latency_us * 1e-6;
   return r;
 }
 

@@ -48,12 +48,6 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   } else {
     hw = hardware_named(q.hardware);
   }
-  // The run's link: a calibration measures none, so the command's (emulated) link is the link;
-  // a profile or file keeps its own unless the command emulates one.
-  if (q.hardware.empty() || q.bandwidth_gbps > 0) {
-    hw.intra_node.bandwidth_bytes_per_s = q.bandwidth_gbps * 1e9;
-    hw.intra_node.latency_s = q.latency_us * 1e-6;
-  }
   PlanRequest r;
   r.config = q.config;
   r.seq_len = q.seq_len;
@@ -67,6 +61,10 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   if (q.overlap) r.overlaps = {*q.overlap};
   r.causal = q.causal;
   r.hardware = hw;
+  // The run's emulated link (bench --bandwidth-gbps), on top of the hardware's: the calibrated
+  // Gloo link, or a profile's or file's.
+  r.emulated_link.bandwidth_bytes_per_s = q.bandwidth_gbps * 1e9;
+  r.emulated_link.latency_s = q.latency_us * 1e-6;
   PlanReport report = plan_context_parallel(r);
   MLACP_REQUIRE(report.any_feasible(), "plan", "--strategy/--ulysses auto found no feasible candidate",
                 {got("reason", report.explanation)}, "fix the run's degrees or give the strategy");

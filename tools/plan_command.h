@@ -38,6 +38,7 @@ struct PlanArgs {
   std::string save_hardware;
   bool show_hardware = false;
   std::optional<double> bandwidth_gbps, latency_us, inter_bandwidth_gbps;
+  double emulated_gbps = 0, emulated_latency_us = 0;  // bench's emulated link, on top of the hardware's
   size_t rows = 24;
   std::string json_path;
 };

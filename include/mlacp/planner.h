@@ -82,6 +82,10 @@ struct PlanRequest {
   AttentionKernel kernel = AttentionKernel::blockwise;
   bool causal = true;
   Hardware hardware;
+  // `mlacp bench`'s emulated link (--bandwidth-gbps / --latency-us), on top of the hardware's: a
+  // collective then takes the longer of the two (LinkModel in include/mlacp/comm.h: the real
+  // transfer runs, the wait ends no earlier than the emulated time). Zero: none.
+  LinkLevel emulated_link;
 };
 
 // One collective of a candidate's step.
@@ -135,18 +139,24 @@ CandidatePrediction predict_step(const CpPlan& plan, const PlanRequest& request)
 // such transfer. The per-kind sums are expected_comm_elements().
 int64_t transfer_elements(const CpPlan& plan, int64_t batch, int64_t seq_len, const std::string& transfer);
 
-// Calibration of the machine at hand (CPU): per-core GEMM rate at projection shapes, the
-// blockwise kernel's forward and backward rates (causal), and the elementwise cost per activation
-// element from one single-device forward + backward of `config`'s layer, for each dtype. The link
-// is not measured: pass the real or emulated figures (`mlacp plan --bandwidth-gbps`).
-// Every core measures at once (one process per core, forked before any tensor exists), as the
-// ranks of a host run: the rates include what they take from each other (memory bandwidth,
-// caches); the median over the processes is kept.
+// Calibration of the machine at hand (CPU), docs/DESIGN.md §15:
+//  1. per core, every core at once (one process per core, forked before any tensor exists, as
+//     the ranks of a host run: the rates include what they take from each other; the median over
+//     the processes is kept): GEMMs of projection shape at 128-2048 tokens and the blockwise
+//     kernel's causal forward and backward, for each dtype;
+//  2. with `cp_step`, two local ranks over the real backend (Gloo on loopback, a private
+//     FileStore): the link (all-gathers at two sizes: latency and bandwidth, into
+//     Hardware::intra_node) and a short real CP step of each strategy (latent U=1, expanded U=2,
+//     overlap off) at `seq_len`; what the rates and the link do not explain of those steps is the
+//     elementwise cost per activation element (the schedules' copies, reorders and autograd
+//     included). Without it (no fork allowed, e.g. inside Python): one single-device forward +
+//     backward of the layer gives the elementwise cost, and the link is not measured.
 struct CalibrationOptions {
   std::vector<std::string> dtypes = {"float32"};
-  int64_t seq_len = 1024;  // of the layer and kernel runs
+  int64_t seq_len = 1024;  // of the layer and kernel runs (a multiple of 4)
   int repeats = 5;  // timed runs per figure (median), after one warm-up
   bool concurrent = true;  // one process per core (false: this process alone)
+  bool cp_step = true;     // two local ranks: the link and real CP steps (false: single device)
   bool verbose = false;
 };
 // The GEMM rate of `rates` for a GEMM of `tokens` rows.

@@ -169,7 +169,8 @@ PYBIND11_MODULE(_C, m) {
           options.dtypes = {dtype};
           options.seq_len = 512;
           options.repeats = 1;
-          options.concurrent = false;  // no fork inside a Python process
+          options.concurrent = false;  // no fork inside a Python process:
+          options.cp_step = false;     // the single-device layer instead, the link not measured
           r.hardware = mlacp::calibrate_host(r.config, options);
         } else {
           r.hardware = mlacp::hardware_named(hardware);

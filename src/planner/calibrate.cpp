@@ -1,14 +1,20 @@
 // Calibration of the machine at hand (include/mlacp/planner.h, docs/DESIGN.md §15): one core's
-// GEMM and attention rates and the layer's elementwise cost, measured with one intra-op thread
-// (ranks of a host share its cores: the step model scales by cores / ranks).
+// GEMM and attention rates measured with one intra-op thread (ranks of a host share its cores:
+// the step model scales by cores / ranks), the real backend's link and the elementwise cost from
+// short CP steps on two local ranks.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +108,13 @@ std::vector<double> measure(const MlaConfig& config, const CalibrationOptions& o
   std::vector<double> out = {attention_flops / t_fwd, 2.5 * attention_flops / t_bwd, 0.0};
   out.insert(out.end(), gemm.begin(), gemm.end());
 
+  if (options.cp_step) {  // the elementwise cost comes from the two-rank CP steps
+    if (options.verbose)
+      std::cerr << "calibrate: " << dtype_name << " GEMM " << gemm.front() / 1e9 << " / " << gemm.back() / 1e9
+                << " GFLOP/s at " << kCurveTokens[0] << " / " << kCurveTokens[std::size(kCurveTokens) - 1]
+                << " tokens; attention forward " << out[0] / 1e9 << ", backward " << out[1] / 1e9 << " GFLOP/s\n";
+    return out;
+  }
   // The layer on one device: what GEMMs and attention do not explain is elementwise work.
   const bool bf16 = dtype == at::kBFloat16;
   MlaAttention layer(config, at::TensorOptions().dtype(bf16 ? at::kFloat : dtype));
@@ -135,12 +148,186 @@ std::vector<double> measure(const MlaConfig& config, const CalibrationOptions& o
   return out;
 }
 
+
+// --- processes ---------------------------------------------------------------------------------
+
+bool read_all(int fd, void* data, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = read(fd, static_cast<char*>(data) + done, bytes - done);
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Runs work(i) for i in [0, count) in `count` forked processes at once and returns their figures
+// in index order. The parent only waits: it holds no tensor or process group of theirs.
+std::vector<std::vector<double>> in_processes(long count, const std::function<std::vector<double>(long)>& work,
+                                              const std::string& what) {
+  std::vector<std::pair<pid_t, int>> children;
+  auto abandon = [&children] {
+    for (const auto& [pid, fd] : children) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      close(fd);
+    }
+  };
+  for (long i = 0; i < count; ++i) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      abandon();
+      MLACP_REQUIRE(false, "plan", "calibration could not create a pipe", {got("phase", what)}, "retry the calibration");
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      int status = 1;
+      try {
+        const std::vector<double> v = work(i);
+        const uint64_t n = v.size();
+        status = write(fds[1], &n, sizeof n) == static_cast<ssize_t>(sizeof n) &&
+                         write(fds[1], v.data(), n * sizeof(double)) == static_cast<ssize_t>(n * sizeof(double))
+                     ? 0
+                     : 1;
+      } catch (const std::exception& e) {
+        std::cerr << "calibrate: " << what << " process " << i << ": " << e.what() << "\n";
+      }
+      _exit(status);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      close(fds[0]);
+      abandon();
+      MLACP_REQUIRE(false, "plan", "calibration could not start its processes",
+                    {got("phase", what), got("processes", count)}, "retry the calibration");
+    }
+    children.emplace_back(pid, fds[0]);
+  }
+  std::vector<std::vector<double>> out;
+  for (const auto& [pid, fd] : children) {
+    uint64_t n = 0;
+    std::vector<double> v;
+    bool ok = read_all(fd, &n, sizeof n) && n < (1u << 20);
+    if (ok) {
+      v.resize(n);
+      ok = read_all(fd, v.data(), n * sizeof(double));
+    }
+    close(fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (ok && WIFEXITED(status) && WEXITSTATUS(status) == 0) out.push_back(std::move(v));
+  }
+  MLACP_REQUIRE(static_cast<long>(out.size()) == count, "plan", "a calibration process failed",
+                {got("phase", what), got("answered", out.size()), got("started", count)},
+                "retry the calibration (a process's error, if it had one, is printed above)");
+  return out;
+}
+
+// --- two local ranks over the real backend ----------------------------------------------------
+
+struct CpCase {
+  CpStrategy strategy;
+  int64_t ulysses;
+};
+// The strategies' simplest forms at P = 2: latent (all-gather, U=1) and expanded (Ulysses, U=2).
+std::vector<CpCase> cp_cases(const MlaConfig& config) {
+  std::vector<CpCase> cases = {{CpStrategy::latent_kv_head, 1}};
+  if (config.num_heads % 2 == 0) cases.push_back({CpStrategy::expanded_ulysses, 2});
+  return cases;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One of the two ranks. Returns [link latency s, link bandwidth B/s, then per dtype and CP case
+// the step's seconds (the slower rank's, median)].
+std::vector<double> two_rank_figures(long rank, const std::string& store, const MlaConfig& config,
+                                     const CalibrationOptions& options, long cores) {
+  const long threads = std::max<long>(1, cores / 2);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (long t = 0; t < threads; ++t) CPU_SET(static_cast<int>((rank * threads + t) % cores), &set);
+  sched_setaffinity(0, sizeof set, &set);  // as the launcher pins its local ranks; best effort
+  set_intra_op_threads(static_cast<int>(threads));
+  WorldInfo world;
+  world.rank = rank;
+  world.size = 2;
+  world.local_rank = rank;
+  world.store_file = store;
+  GroupOptions group_options;
+  group_options.timeout = std::chrono::milliseconds(120000);
+  Rendezvous rendezvous = Rendezvous::file(store, world, group_options.timeout);
+  std::vector<double> out;
+  {
+    // The link: all-gathers of 16 KiB and 4 MiB per rank; latency and bandwidth from the two.
+    ParallelGroups g = rendezvous.groups(MeshShape{1, 2, 1, 1}, group_options);
+    const int64_t rows[] = {16, 4096};  // x 256 float32
+    double t[2], b[2];
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor x = at::zeros({1, rows[i], 256}, at::kFloat);
+      g.instruments.counters->reset();
+      std::vector<double> times;
+      for (int r = 0; r < options.repeats + 3; ++r) {
+        barrier(g.world);
+        const double start = now_s();
+        launch_all_gather_seq(g.cp, x, "calibration").wait();
+        const double slower = all_reduce_max(g.world, {now_s() - start})[0];
+        if (r > 0) times.push_back(slower);  // the first is a warm-up
+      }
+      const CommTotals total = g.instruments.counters->by_label().at("calibration");
+      b[i] = static_cast<double>(total.bytes) / static_cast<double>(total.calls);
+      t[i] = median_of(times);
+    }
+    const double bandwidth = t[1] > t[0] ? (b[1] - b[0]) / (t[1] - t[0]) : b[1] / t[1];
+    out.push_back(std::max(0.0, t[0] - b[0] / bandwidth));
+    out.push_back(bandwidth);
+  }
+  const int64_t S = options.seq_len;
+  for (const std::string& dtype_name : options.dtypes) {
+    const at::ScalarType dtype = dtype_of(dtype_name);
+    const bool bf16 = dtype == at::kBFloat16;
+    const at::ScalarType param = bf16 ? at::kFloat : dtype;
+    for (const CpCase& c : cp_cases(config)) {
+      ParallelGroups g = rendezvous.groups(MeshShape{1, 2, 1, c.ulysses}, group_options);
+      at::manual_seed(0);  // the same parameters on both ranks
+      MlaAttention layer(config, at::TensorOptions().dtype(param));
+      parallelize(layer, g, {c.strategy, CpPartition::head_tail, false});
+      at::manual_seed(1 + rank);
+      at::Tensor x = at::randn({1, S / 2, config.hidden_size}).to(param).requires_grad_(true);
+      at::Tensor w = at::randn({1, S / 2, config.hidden_size});
+      std::vector<double> times;
+      for (int r = 0; r < options.repeats + 1; ++r) {
+        for (auto& p : layer->parameters()) p.mutable_grad() = at::Tensor();
+        x.mutable_grad() = at::Tensor();
+        barrier(g.world);
+        const double start = now_s();
+        {
+          std::unique_ptr<compat::AutocastGuard> autocast;
+          if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+          at::Tensor y = layer->forward(x);
+          (y.to(at::kFloat) * w).sum().backward();
+        }
+        const double slower = all_reduce_max(g.world, {now_s() - start})[0];
+        if (r > 0) times.push_back(slower);  // the first is a warm-up
+      }
+      out.push_back(median_of(times));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& options) {
   config.validate();
-  MLACP_REQUIRE(options.seq_len >= 64 && options.seq_len <= 65536, "plan", "the calibration length must be in [64, 65536]",
+  MLACP_REQUIRE(options.seq_len >= 64 && options.seq_len <= 65536 && options.seq_len % 4 == 0, "plan",
+                "the calibration length must be a multiple of 4 in [64, 65536] (two ranks, head_tail: 4 chunks)",
                 {got("seq", options.seq_len)}, "pass e.g. --calibrate-seq 1024");
+  MLACP_REQUIRE(options.repeats >= 1 && options.repeats <= 1000, "plan", "the calibration repeats must be in [1, 1000]",
+                {got("repeats", options.repeats)}, "pass e.g. 5");
   for (const std::string& d : options.dtypes)
     MLACP_REQUIRE(d == "float32" || d == "bfloat16" || d == "float64", "plan", "dtype must be float32, bfloat16 or float64",
                   {got("dtype", d)}, "pass --dtype float32");
@@ -151,10 +338,37 @@ Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& optio
   hw.name = std::string("calibrated on ") + host;
   hw.source = "mlacp plan --calibrate: per core, all " + std::to_string(cores) +
               " cores at once: GEMMs of projection shape at 128-2048 tokens, blockwise attention (causal, S=" +
-              std::to_string(options.seq_len) + "), the layer's elementwise cost; link not measured";
+              std::to_string(options.seq_len) + "); " +
+              (options.cp_step ? "two local ranks over Gloo: the link (all-gather 16 KiB and 4 MiB) and real CP steps "
+                                 "(latent U=1, expanded U=2) for the elementwise cost"
+                               : "the layer's elementwise cost on one device; link not measured");
   hw.cores_per_node = cores;
   hw.devices_per_node = 1 << 20;  // every local rank on this host
   hw.memory_bytes = available_host_memory().available_bytes;
+  const std::vector<CpCase> cases = cp_cases(config);
+
+  // The two ranks first, forked before this process makes any tensor.
+  std::vector<double> two_ranks;
+  if (options.cp_step) {
+    std::string dir = (std::filesystem::temp_directory_path() / "mlacp-calibrate-XXXXXX").string();
+    MLACP_REQUIRE(mkdtemp(dir.data()) != nullptr, "plan", "calibration could not create a private folder for its store",
+                  {got("folder", dir)}, "set TMPDIR to a writable folder");
+    struct RemoveDir {
+      std::string path;
+      ~RemoveDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+      }
+    } remove_dir{dir};
+    const std::string store = dir + "/store";
+    two_ranks = in_processes(
+        2, [&](long rank) { return two_rank_figures(rank, store, config, options, cores); }, "two-rank")[0];
+    hw.intra_node.latency_s = two_ranks[0];
+    hw.intra_node.bandwidth_bytes_per_s = two_ranks[1];
+    if (options.verbose)
+      std::cerr << "calibrate: link (Gloo, two local ranks): latency " << two_ranks[0] * 1e6 << " us, bandwidth "
+                << two_ranks[1] / 1e9 << " GB/s\n";
+  }
 
   const int threads_before = at::get_num_threads();
   set_intra_op_threads(1);
@@ -163,58 +377,55 @@ Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& optio
     ~Restore() { set_intra_op_threads(threads); }
   } restore{threads_before};
 
-  for (const std::string& dtype_name : options.dtypes) {
-    // One process per core, forked before this dtype's first tensor; each sends its figures back.
-    const long others = options.concurrent ? cores - 1 : 0;
-    std::vector<std::pair<pid_t, int>> children;
-    for (long i = 0; i < others; ++i) {
-      int fds[2];
-      MLACP_REQUIRE(pipe(fds) == 0, "plan", "calibration could not create a pipe", {}, "pass fewer processes");
-      const pid_t pid = fork();
-      if (pid == 0) {
-        close(fds[0]);
-        int status = 0;
-        try {
-          CalibrationOptions quiet = options;
-          quiet.verbose = false;
-          const std::vector<double> v = measure(config, quiet, dtype_name);
-          const ssize_t n = static_cast<ssize_t>(v.size() * sizeof(double));
-          status = write(fds[1], v.data(), static_cast<size_t>(n)) == n ? 0 : 1;
-        } catch (...) {
-          status = 1;
-        }
-        _exit(status);
-      }
-      close(fds[1]);
-      MLACP_REQUIRE(pid > 0, "plan", "calibration could not start a process per core", {got("cores", cores)},
-                    "retry, or calibrate with fewer processes");
-      children.emplace_back(pid, fds[0]);
+  for (size_t d = 0; d < options.dtypes.size(); ++d) {
+    const std::string& dtype_name = options.dtypes[d];
+    std::vector<std::vector<double>> all;
+    if (options.concurrent) {  // one process per core, all at once
+      all = in_processes(
+          cores,
+          [&](long i) {
+            CalibrationOptions quiet = options;
+            quiet.verbose = options.verbose && i == 0;
+            return measure(config, quiet, dtype_name);
+          },
+          "per-core");
+    } else {
+      all = {measure(config, options, dtype_name)};
     }
-    std::vector<std::vector<double>> all = {measure(config, options, dtype_name)};
-    for (const auto& [pid, fd] : children) {
-      std::vector<double> v(all.front().size());
-      const ssize_t want = static_cast<ssize_t>(v.size() * sizeof(double));
-      ssize_t got_bytes = 0;
-      while (got_bytes < want) {
-        const ssize_t n = read(fd, reinterpret_cast<char*>(v.data()) + got_bytes, static_cast<size_t>(want - got_bytes));
-        if (n <= 0) break;
-        got_bytes += n;
-      }
-      close(fd);
-      int status = 0;
-      waitpid(pid, &status, 0);
-      if (got_bytes == want && WIFEXITED(status) && WEXITSTATUS(status) == 0) all.push_back(v);
-    }
-    MLACP_REQUIRE(static_cast<long>(all.size()) == others + 1, "plan", "a calibration process failed",
-                  {got("answered", all.size()), got("started", others + 1)}, "retry the calibration");
     std::vector<double> median(all.front().size());
     for (size_t k = 0; k < median.size(); ++k) {
       std::vector<double> column;
       for (const auto& v : all) column.push_back(v[k]);
-      std::sort(column.begin(), column.end());
-      median[k] = column[column.size() / 2];
+      median[k] = median_of(column);
     }
-    hw.rates[dtype_name] = rates_of(median);
+    ComputeRates rates = rates_of(median);
+    if (options.cp_step) {
+      // What the rates and the measured link do not explain of the real CP steps.
+      rates.seconds_per_element = 0;
+      hw.rates[dtype_name] = rates;
+      PlanRequest request;
+      request.config = config;
+      request.seq_len = options.seq_len;
+      request.dtype = dtype_name;
+      request.cp = 2;
+      request.hardware = hw;
+      double per_element = 0;
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const CpCase& c = cases[k];
+        const CpPlan plan(plan_spec_for(config, MeshShape{1, 2, 1, c.ulysses}, c.strategy, CpPartition::head_tail, false));
+        const CandidatePrediction p = predict_step(plan, request);
+        const double measured = two_ranks.at(2 + d * cases.size() + k);
+        per_element += (measured - p.step_s) / p.activation_elements / static_cast<double>(cases.size());
+        if (options.verbose)
+          std::cerr << "calibrate: " << dtype_name << " CP step " << p.label() << ": measured " << measured * 1e3
+                    << " ms, GEMMs + attention + link " << p.step_s * 1e3 << " ms\n";
+      }
+      rates.seconds_per_element = std::max(0.0, per_element);
+      if (options.verbose)
+        std::cerr << "calibrate: " << dtype_name << " elementwise " << rates.seconds_per_element * 1e9
+                  << " ns per activation element\n";
+    }
+    hw.rates[dtype_name] = rates;
   }
   return hw;
 }

@@ -58,6 +58,15 @@ double collective_seconds(const Hardware& hw, Kind kind, double bytes, int64_t s
   return latency + std::max(over(hw.inter_node, bytes * off_node), over(hw.intra_node, bytes * (1.0 - off_node)));
 }
 
+// bench's emulated link: the collective's wait ends no earlier than latency + bytes / bandwidth
+// after its launch, whatever the backend does (LinkModel, include/mlacp/comm.h).
+double with_emulated_link(const PlanRequest& request, double backend_s, double bytes) {
+  const LinkLevel& e = request.emulated_link;
+  if (e.bandwidth_bytes_per_s <= 0 && e.latency_s <= 0) return backend_s;
+  const double emulated = e.latency_s + (e.bandwidth_bytes_per_s > 0 ? bytes / e.bandwidth_bytes_per_s : 0.0);
+  return std::max(backend_s, emulated);
+}
+
 }  // namespace
 
 double gemm_rate_at(const ComputeRates& rates, double tokens) {
@@ -212,13 +221,14 @@ CandidatePrediction predict_step(const CpPlan& plan, const PlanRequest& request)
     TransferPrediction t;
     t.name = name;
     t.bytes = bytes;
-    t.seconds = collective_seconds(hw, kind, bytes, group.size, group.stride);
+    t.seconds = with_emulated_link(request, collective_seconds(hw, kind, bytes, group.size, group.stride), bytes);
     out.transfers.push_back(t);
   }
   if (tp > 1) {  // the TP exit's all-reduce (forward) and the entry's (backward), of [T, d]
     const double bytes = 2.0 * n * hidden * e * static_cast<double>(tp - 1) / static_cast<double>(tp);
     for (const char* name : {"tp_output", "tp_input_grad"})
-      out.transfers.push_back({name, bytes, collective_seconds(hw, Kind::all_reduce, bytes, tp, 1), 0.0});
+      out.transfers.push_back(
+          {name, bytes, with_emulated_link(request, collective_seconds(hw, Kind::all_reduce, bytes, tp, 1), bytes), 0.0});
   }
 
   // Overlap: each declared transfer hides under what is left of the spans it is launched before.

@@ -1,6 +1,7 @@
 // The planner's step model, ranking, explanation and hardware files (include/mlacp/planner.h).
 // Its predictions against measured steps: tests/tools/plan_grid.py (the suite's small grid).
 #include <chrono>
+#include <cmath>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -135,6 +136,72 @@ TEST(Planner, ASlowLinkChoosesTheFewestBytes) {
   EXPECT_DOUBLE_EQ(report.choice().bytes_per_rank, fewest);
   EXPECT_EQ(report.choice().spec.strategy, CpStrategy::latent_kv_head);
   EXPECT_EQ(report.choice().spec.ulysses, 1);  // the latent gather alone: no Q/O exchange
+}
+
+// bench's emulated link: every transfer takes the longer of it and the hardware's link.
+TEST(Planner, AnEmulatedLinkIsAFloorOnEveryTransfer) {
+  const MlaConfig c = test_config(false);
+  PlanRequest r = request_for(c, 4096, 4);
+  MeshShape shape;
+  shape.cp = 4;
+  shape.ulysses = 2;
+  for (CpStrategy s : {CpStrategy::latent_kv_head, CpStrategy::expanded_ulysses}) {
+    const CpPlan plan(plan_spec_for(c, shape, s, CpPartition::head_tail, true));
+    const CandidatePrediction base = predict_step(plan, r);
+    ASSERT_FALSE(base.transfers.empty());
+    PlanRequest slow = r;
+    slow.emulated_link = {1e8, 1e-3};  // far slower than NVLink: the emulated time decides
+    PlanRequest fast = r;
+    fast.emulated_link = {1e15, 0.0};  // far faster: the hardware's link decides
+    const CandidatePrediction on_slow = predict_step(plan, slow), on_fast = predict_step(plan, fast);
+    for (size_t i = 0; i < base.transfers.size(); ++i) {
+      const TransferPrediction& t = base.transfers[i];
+      EXPECT_DOUBLE_EQ(on_slow.transfers[i].seconds, std::max(t.seconds, 1e-3 + t.bytes / 1e8)) << t.name;
+      EXPECT_DOUBLE_EQ(on_fast.transfers[i].seconds, t.seconds) << t.name;
+    }
+    EXPECT_GT(on_slow.step_s, base.step_s);
+    EXPECT_DOUBLE_EQ(on_fast.step_s, base.step_s);
+  }
+}
+
+// The calibration on this host: every figure measured, finite and positive, the link from two
+// real ranks over Gloo, and the result a hardware file that plans.
+TEST(Planner, CalibrationMeasuresRatesTheLinkAndTheElementwiseCost) {
+  MlaConfig c = preset_config("tiny");
+  CalibrationOptions options;
+  options.seq_len = 128;
+  options.repeats = 1;
+  for (bool cp_step : {true, false}) {
+    options.cp_step = cp_step;
+    options.concurrent = cp_step;  // the single-device form is what Python runs (no fork)
+    const Hardware hw = calibrate_host(c, options);
+    ASSERT_EQ(hw.rates.count("float32"), 1u);
+    const ComputeRates& rates = hw.rates.at("float32");
+    EXPECT_GT(rates.gemm_flops, 0);
+    EXPECT_GT(rates.attention_forward_flops, 0);
+    EXPECT_GT(rates.attention_backward_flops, 0);
+    EXPECT_GE(rates.seconds_per_element, 0);
+    EXPECT_TRUE(std::isfinite(rates.seconds_per_element));
+    if (cp_step) {
+      EXPECT_GT(hw.intra_node.bandwidth_bytes_per_s, 0);
+      EXPECT_TRUE(std::isfinite(hw.intra_node.bandwidth_bytes_per_s));
+      EXPECT_GE(hw.intra_node.latency_s, 0);
+      EXPECT_LT(hw.intra_node.latency_s, 1.0);
+      EXPECT_THAT(hw.source, HasSubstr("two local ranks"));
+    } else {
+      EXPECT_EQ(hw.intra_node.bandwidth_bytes_per_s, 0);
+      EXPECT_THAT(hw.source, HasSubstr("link not measured"));
+    }
+    PlanRequest r;
+    r.config = c;
+    r.seq_len = 256;
+    r.cp = 2;
+    r.dtype = "float32";
+    r.hardware = Hardware::from_json(hw.to_json());
+    EXPECT_TRUE(plan_context_parallel(r).any_feasible());
+  }
+  options.seq_len = 130;  // two ranks, head_tail: 4 chunks
+  EXPECT_THROW(calibrate_host(c, options), Error);
 }
 
 TEST(Planner, InfeasibleCandidatesAreListedWithTheRuleTheyBreak) {
