@@ -145,8 +145,8 @@ int64_t transfer_elements(const CpPlan& plan, int64_t batch, int64_t seq_len, co
 //     the processes is kept): GEMMs of projection shape at 128-2048 tokens and the blockwise
 //     kernel's causal forward and backward, for each dtype;
 //  2. with `cp_step`, two local ranks over the real backend (Gloo on loopback, a private
-//     FileStore): the link (all-gathers at two sizes: latency and bandwidth, into
-//     Hardware::intra_node) and a short real CP step of each strategy (latent U=1, expanded U=2,
+//     FileStore): the link (all-gathers and all-to-alls of 64 KiB to 4 MiB: latency and
+//     bandwidth, into Hardware::intra_node) and a short real CP step of each strategy (latent U=1, expanded U=2,
 //     overlap off) at `seq_len`; what the rates and the link do not explain of those steps is the
 //     elementwise cost per activation element (the schedules' copies, reorders and autograd
 //     included). Without it (no fork allowed, e.g. inside Python): one single-device forward +

@@ -262,28 +262,48 @@ std::vector<double> two_rank_figures(long rank, const std::string& store, const 
   Rendezvous rendezvous = Rendezvous::file(store, world, group_options.timeout);
   std::vector<double> out;
   {
-    // The link: all-gathers of 16 KiB and 4 MiB per rank; latency and bandwidth from the two.
-    ParallelGroups g = rendezvous.groups(MeshShape{1, 2, 1, 1}, group_options);
-    const int64_t rows[] = {16, 4096};  // x 256 float32
-    double t[2], b[2];
-    for (int i = 0; i < 2; ++i) {
-      at::Tensor x = at::zeros({1, rows[i], 256}, at::kFloat);
-      g.instruments.counters->reset();
-      std::vector<double> times;
-      for (int r = 0; r < options.repeats + 3; ++r) {
-        barrier(g.world);
-        const double start = now_s();
-        launch_all_gather_seq(g.cp, x, "calibration").wait();
-        const double slower = all_reduce_max(g.world, {now_s() - start})[0];
-        if (r > 0) times.push_back(slower);  // the first is a warm-up
+    // The link: all-gathers and all-to-alls of 64 KiB, 512 KiB and 4 MiB per rank (the sizes of a
+    // layer's transfers); latency and seconds per byte fitted by least squares over each kind,
+    // then averaged over the two kinds (the step model has one figure per link level).
+    ParallelGroups g = rendezvous.groups(MeshShape{1, 2, 1, 2}, group_options);
+    const int64_t rows[] = {64, 512, 4096};  // x 256 float32 per token
+    double latency = 0, per_byte = 0;
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<double> t, b;
+      for (int64_t n : rows) {
+        at::Tensor x = at::zeros({1, n, 2, 128}, at::kFloat);
+        g.instruments.counters->reset();
+        std::vector<double> times;
+        for (int r = 0; r < options.repeats + 3; ++r) {
+          barrier(g.world);
+          const double start = now_s();
+          if (kind == 0)
+            launch_all_gather_seq(g.cp, x, "calibration").wait();
+          else
+            launch_seq_to_head(g.ulysses, x, "calibration").wait();
+          const double slower = all_reduce_max(g.world, {now_s() - start})[0];
+          if (r > 1) times.push_back(slower);  // two warm-ups
+        }
+        const CommTotals total = g.instruments.counters->by_label().at("calibration");
+        b.push_back(static_cast<double>(total.bytes) / static_cast<double>(total.calls));
+        t.push_back(median_of(times));
       }
-      const CommTotals total = g.instruments.counters->by_label().at("calibration");
-      b[i] = static_cast<double>(total.bytes) / static_cast<double>(total.calls);
-      t[i] = median_of(times);
+      const double mb = (b[0] + b[1] + b[2]) / 3, mt = (t[0] + t[1] + t[2]) / 3;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < b.size(); ++i) {
+        num += (b[i] - mb) * (t[i] - mt);
+        den += (b[i] - mb) * (b[i] - mb);
+      }
+      const double slope = num > 0 ? num / den : t.back() / b.back();
+      per_byte += slope / 2;
+      latency += std::max(0.0, mt - slope * mb) / 2;
+      if (options.verbose && rank == 0)
+        std::cerr << "calibrate: link " << (kind == 0 ? "all-gather" : "all-to-all") << ": " << t[0] * 1e3 << " / "
+                  << t[1] * 1e3 << " / " << t[2] * 1e3 << " ms for " << b[0] / 1024 << " / " << b[1] / 1024 << " / "
+                  << b[2] / 1024 << " KiB per rank\n";
     }
-    const double bandwidth = t[1] > t[0] ? (b[1] - b[0]) / (t[1] - t[0]) : b[1] / t[1];
-    out.push_back(std::max(0.0, t[0] - b[0] / bandwidth));
-    out.push_back(bandwidth);
+    out.push_back(latency);
+    out.push_back(1.0 / per_byte);
   }
   const int64_t S = options.seq_len;
   for (const std::string& dtype_name : options.dtypes) {
@@ -339,7 +359,7 @@ Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& optio
   hw.source = "mlacp plan --calibrate: per core, all " + std::to_string(cores) +
               " cores at once: GEMMs of projection shape at 128-2048 tokens, blockwise attention (causal, S=" +
               std::to_string(options.seq_len) + "); " +
-              (options.cp_step ? "two local ranks over Gloo: the link (all-gather 16 KiB and 4 MiB) and real CP steps "
+              (options.cp_step ? "two local ranks over Gloo: the link (all-gathers and all-to-alls of 64 KiB to 4 MiB) and real CP steps "
                                  "(latent U=1, expanded U=2) for the elementwise cost"
                                : "the layer's elementwise cost on one device; link not measured");
   hw.cores_per_node = cores;
