@@ -252,6 +252,7 @@ std::vector<double> two_rank_figures(long rank, const std::string& store, const 
   for (long t = 0; t < threads; ++t) CPU_SET(static_cast<int>((rank * threads + t) % cores), &set);
   sched_setaffinity(0, sizeof set, &set);  // as the launcher pins its local ranks; best effort
   set_intra_op_threads(static_cast<int>(threads));
+  use_batch_scheduling();  // as bench runs its ranks (Gloo's threads do not preempt the computation)
   WorldInfo world;
   world.rank = rank;
   world.size = 2;
