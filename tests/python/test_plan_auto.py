@@ -9,6 +9,20 @@ import distributed
 import models
 
 
+def _loss_error(cp, patched, reference, groups, seed):
+    """|CP loss - single-process loss| of one batch of 32 tokens."""
+    import mlacp
+
+    input_ids, position_ids = models.batch(32, seed=seed)
+    batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
+    shifted = models.shift_labels(input_ids)
+    share = models.causal_lm_loss(patched(**batch).logits, batch["shift_labels"], batch["num_items_in_batch"])
+    loss = mlacp.all_reduce_loss(share, groups).item()
+    want = models.causal_lm_loss(reference(input_ids=input_ids, position_ids=position_ids).logits, shifted,
+                                 int((shifted != -100).sum())).item()
+    return abs(loss - want)
+
+
 def _auto_worker(rank, world, hardware, bandwidth):
     import mlacp
     import mlacp.hf
@@ -19,14 +33,7 @@ def _auto_worker(rank, world, hardware, bandwidth):
     groups = mlacp.ContextParallelGroups(dist.group.WORLD)
     cp = mlacp.hf.parallelize_model(patched, groups, strategy="auto", seq_len=32, plan_hardware=hardware,
                                     bandwidth_gbps=bandwidth)
-    input_ids, position_ids = models.batch(32, seed=3)
-    batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
-    shifted = models.shift_labels(input_ids)
-    share = models.causal_lm_loss(patched(**batch).logits, batch["shift_labels"], batch["num_items_in_batch"])
-    loss = mlacp.all_reduce_loss(share, groups).item()
-    want = models.causal_lm_loss(reference(input_ids=input_ids, position_ids=position_ids).logits, shifted,
-                                 int((shifted != -100).sum())).item()
-    return {"strategy": cp.strategy, "loss_error": abs(loss - want)}
+    return {"strategy": cp.strategy, "loss_error": _loss_error(cp, patched, reference, groups, seed=3)}
 
 
 def test_auto_runs_the_planners_choice_on_every_rank():
@@ -63,15 +70,8 @@ def _auto_groups_worker(rank, world):
     groups = mlacp.ContextParallelGroups(dist.group.WORLD, ulysses="auto", model_config=config, seq_len=32,
                                          dtype="float64", bandwidth_gbps=1e-4)
     cp = mlacp.hf.parallelize_model(patched, groups, strategy="auto")
-    input_ids, position_ids = models.batch(32, seed=4)
-    batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
-    shifted = models.shift_labels(input_ids)
-    share = models.causal_lm_loss(patched(**batch).logits, batch["shift_labels"], batch["num_items_in_batch"])
-    loss = mlacp.all_reduce_loss(share, groups).item()
-    want = models.causal_lm_loss(reference(input_ids=input_ids, position_ids=position_ids).logits, shifted,
-                                 int((shifted != -100).sum())).item()
     return {"planned": groups.planned, "ulysses": groups.ulysses, "strategy": cp.strategy,
-            "loss_error": abs(loss - want)}
+            "loss_error": _loss_error(cp, patched, reference, groups, seed=4)}
 
 
 def test_ulysses_auto_plans_the_groups_and_the_strategy():
