@@ -58,13 +58,14 @@ double collective_seconds(const Hardware& hw, Kind kind, double bytes, int64_t s
   return latency + std::max(over(hw.inter_node, bytes * off_node), over(hw.intra_node, bytes * (1.0 - off_node)));
 }
 
-// bench's emulated link: the collective's wait ends no earlier than latency + bytes / bandwidth
-// after its launch, whatever the backend does (LinkModel, include/mlacp/comm.h).
+// bench's emulated link: the collective's wait ends no earlier than the link model's time after
+// its launch, whatever the backend does (LinkModel, include/mlacp/comm.h).
 double with_emulated_link(const PlanRequest& request, double backend_s, double bytes) {
-  const LinkLevel& e = request.emulated_link;
-  if (e.bandwidth_bytes_per_s <= 0 && e.latency_s <= 0) return backend_s;
-  const double emulated = e.latency_s + (e.bandwidth_bytes_per_s > 0 ? bytes / e.bandwidth_bytes_per_s : 0.0);
-  return std::max(backend_s, emulated);
+  LinkModel emulated;
+  emulated.latency_seconds = request.emulated_link.latency_s;
+  emulated.bandwidth_bytes_per_second = request.emulated_link.bandwidth_bytes_per_s;
+  if (!emulated.enabled()) return backend_s;
+  return std::max(backend_s, emulated.transfer_seconds(static_cast<int64_t>(bytes)));
 }
 
 }  // namespace
