@@ -27,6 +27,7 @@
 #include "output_file.h"
 #include "plan_command.h"
 #include "core/compat.h"
+#include "core/device.h"
 #include "core/format.h"
 #include "core/timeline.h"
 #include "mlacp/errors.h"
@@ -49,9 +50,9 @@ struct RankStep {
 
 // The transfers the plan's overlapped schedule hides, by counter label (the schedule's own
 // declaration, docs/DESIGN.md §5).
-std::set<std::string> overlapped_labels(const CpPlan& plan, const MlaConfig& config) {
+std::set<std::string> overlapped_labels(const CpPlan& plan, const MlaConfig& config, c10::DeviceType device) {
   std::set<std::string> labels;
-  for (const OverlappedTransfer& t : overlapped_transfers(plan, config)) labels.insert(transfer_name(t.transfer));
+  for (const OverlappedTransfer& t : overlapped_transfers(plan, config, device)) labels.insert(transfer_name(t.transfer));
   return labels;
 }
 
@@ -60,15 +61,18 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   groups.instruments.counters->reset();
   groups.instruments.timeline->clear();
   groups.instruments.timeline->set_enabled(true);
+  const c10::Device device = hidden.device();
   barrier(groups.world);
+  synchronize_device(device);
   const double start = Timeline::now_us();
   {
     ComputeSpan span(groups.instruments.timeline.get(), "step");
     std::unique_ptr<compat::AutocastGuard> autocast;
-    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(device.type(), true, at::kBFloat16);
     at::Tensor y = module->forward(hidden, options);
     (y.to(at::kFloat) * weight).sum().backward();
   }
+  synchronize_device(device);  // a GPU step is over when the device is done, not when it is enqueued
   RankStep s;
   s.step_us = Timeline::now_us() - start;
   groups.instruments.timeline->set_enabled(false);
@@ -170,6 +174,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--json", a.json_path, "also write the results as JSON");
   cmd->add_option("--trace", a.trace_dir, "write one Chrome/Perfetto trace per rank and configuration here");
   cmd->add_option("--timeout", a.timeout_s, "collective timeout, seconds");
+  add_device_options(cmd, a.device);
   return cmd;
 }
 
@@ -257,7 +262,15 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   estimate.add(largest);
   estimate.add("global inputs", 2.0 * static_cast<double>(a.batch) * static_cast<double>(a.seq) *
                                     static_cast<double>(a.hidden) * layer.element_bytes);
-  check_run_memory(common, "bench", estimate, launcher_ranks);
+  const int64_t local_ranks = launcher_ranks > 0 ? launcher_ranks : local_world_size(world_from_env());
+  check_device_args(a.device, local_ranks, "bench");
+  MLACP_REQUIRE(!a.device.cuda() || (a.bandwidth_gbps == 0.0 && a.latency_us == 0.0 && !a.auto_link), "bench",
+                "the emulated link is host-timed and serves CPU runs only",
+                {got("device", a.device.device), got("bandwidth_gbps", a.bandwidth_gbps), got("latency_us", a.latency_us),
+                 got("auto_link", a.auto_link)},
+                "drop --bandwidth-gbps/--latency-us/--auto-link with --device cuda: the GPUs' link is real");
+  // The memory check covers host memory: on a GPU the tensors are the device's (README "GPU").
+  if (!a.device.cuda()) check_run_memory(common, "bench", estimate, launcher_ranks);
   return b;
 }
 
@@ -318,8 +331,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                   "pass a writable path, e.g. --trace /tmp/mlacp-trace");
   }
 
-  GroupOptions options;
-  options.timeout = std::chrono::seconds(a.timeout_s);
+  const c10::Device device = rank_device(a.device, world);
+  GroupOptions options = group_options_for(a.device, device, a.timeout_s);
   options.link.latency_seconds = a.latency_us * 1e-6;
   options.link.bandwidth_bytes_per_second = a.bandwidth_gbps * 1e9;
   Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
@@ -329,7 +342,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   VerifyCase vc{"bench", cfg};
   vc.batch = a.batch;
   vc.seq_len = a.seq;
-  CaseInputs global = make_case_inputs(vc, param_dtype);
+  CaseInputs global = inputs_on(make_case_inputs(vc, param_dtype), device);
   at::Tensor hidden = shard_sequence(global.hidden, CpPartition::head_tail, world.size, groups.cp_rank)
                           .detach().clone().requires_grad_(true);
   at::Tensor weight = shard_sequence(global.output_weight, CpPartition::head_tail, world.size, groups.cp_rank)
@@ -339,8 +352,10 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   // alike (these shared machines are noisy). Returns the timed steps of each mode.
   auto run_pair = [&](CpStrategy strategy, int steps, const std::string& what) {
     MlaAttention modules[2] = {make_case_module(vc, param_dtype), make_case_module(vc, param_dtype)};
-    for (int overlap = 0; overlap < 2; ++overlap)
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      modules[overlap]->to(device);
       parallelize(modules[overlap], groups, {strategy, CpPartition::head_tail, overlap == 1});
+    }
     std::array<std::vector<StepSample>, 2> samples;
     for (int i = 0; i < a.warmup + steps; ++i) {
       for (int overlap = 0; overlap < 2; ++overlap) {
@@ -368,7 +383,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   bool all_met = true;
   for (CpStrategy s : strategies) {
     const CpPlan plan(plan_spec_for(cfg, shape, s, CpPartition::head_tail, true));
-    const std::set<std::string> labels = overlapped_labels(plan, cfg);
+    const std::set<std::string> labels = overlapped_labels(plan, cfg, device.type());
     *groups.instruments.link = fixed_link;
     if (a.auto_link) {
       // Calibration without a link: the computation the schedule places under each overlapped

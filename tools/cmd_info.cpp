@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "comm/gloo_probe.h"
+#include "core/device.h"
 #include "kernels/float32_gemm.h"
 #include "kernels/gemm_rate.h"
 #include "mlacp/config.h"
@@ -43,6 +44,13 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
   std::cout << "float32 GEMM " << route.detail << "\n";
   const GlooProbe gloo = probe_gloo();
   std::cout << "c10d Gloo    " << (gloo.available ? "available" : "NOT available") << " (" << gloo.detail << ")\n";
+#ifdef USE_C10D_NCCL
+  const char* nccl = "built in";
+#else
+  const char* nccl = "not in this LibTorch";
+#endif
+  std::cout << "CUDA         " << device_count(c10::DeviceType::CUDA) << " visible GPU(s); c10d NCCL " << nccl
+            << " (--device cuda: docs/DESIGN.md §16; not yet run on a GPU)\n";
   std::cout << "presets      ";
   for (const auto& name : preset_names()) std::cout << name << " ";
   std::cout << "\n";

@@ -59,7 +59,7 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)")->check(CLI::Range(1, 1 << 22));
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
-  g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive): the CP runtime's attention kernel");
+  g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive) | pieces: the CP runtime's attention kernel");
   g->add_option("--reference-kernel", a.reference_kernel, "reference (alias naive) | blockwise: the single-device oracle's kernel");
   g->add_flag("--reference-rank0", a.reference_rank0, "rank 0 alone computes the reference (long sequences)");
   g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)")
@@ -248,11 +248,12 @@ int run_single_device(const VerifyArgs& args) {
   return report.finish(args.json_path, "single-device", {});
 }
 
-// The case with the largest memory estimate (cases run one after another).
-MemoryEstimate largest_case_memory(const std::vector<CpCase>& cases) {
+// The case with the largest memory estimate (cases run one after another); on_device: the CP runs'
+// tensors are a GPU's, the host holds the oracle and the results.
+MemoryEstimate largest_case_memory(const std::vector<CpCase>& cases, bool on_device) {
   MemoryEstimate largest;
   for (const CpCase& c : cases) {
-    const MemoryEstimate m = cp_case_memory(c);
+    const MemoryEstimate m = cp_case_memory(c, on_device);
     if (m.total() > largest.total()) {
       largest = MemoryEstimate{};
       largest.add(m, 1.0, cases.size() > 1 ? "case " + c.name + ": " : "");
@@ -282,8 +283,11 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
       } catch (const Error&) {  // reported as a rejected row below
       }
     }
-    check_run_memory(common, "verify", largest_case_memory(valid), 0);
+    check_device_args(args.device, local_world_size(world), "verify");
+    // Host memory: on a GPU the CP runs' tensors are the device's, the oracle stays on the host.
+    check_run_memory(common, "verify", largest_case_memory(valid, args.device.cuda()), 0);
   }
+  const c10::Device device = rank_device(args.device, world);
   Report report;
   if (lead && !named && !args.adhoc.given) {
     Report single;
@@ -295,8 +299,10 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
     report.rows = single.rows;
     report.failures = single.failures;
   }
-  GroupOptions options;
-  options.timeout = std::chrono::seconds(args.timeout_s);
+  const GroupOptions options = group_options_for(args.device, device, args.timeout_s);
+  if (lead && args.device.cuda())
+    std::cerr << "verify: CP runs on " << device.type() << " (backend " << args.device.backend
+              << "); the float64 oracle on the CPU\n";
   GroupCache group_cache(Rendezvous::of(world, options.timeout), options);
   nlohmann::json described = nlohmann::json::array();
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -332,7 +338,7 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
 
 CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
   CLI::App* cmd = app.add_subcommand("verify", "check mlacp against the single-device float64 reference");
-  cmd->add_option("--case", args.cases, "case name (repeatable; 'all': the full matrix); default: the quick matrix")->take_all();
+  cmd->add_option("--case", args.cases, "case name (repeatable; 'all': the full matrix; 'pieces': its structures through the varlen pieces of CUDA tensors, on 4 ranks); default: the quick matrix")->take_all();
   cmd->add_flag("--list", args.list, "list the cases (with every parameter) and exit");
   cmd->add_flag("--single-device", args.single_device, "only the single-device checks, in this process");
   cmd->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64));
@@ -340,6 +346,7 @@ CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
       ->check(CLI::Range(1, 3600));
   cmd->add_option("--json", args.json_path, "also write the results as JSON to this file");
   add_adhoc_options(cmd, args.adhoc);
+  add_device_options(cmd, args.device);
   return cmd;
 }
 
@@ -400,6 +407,9 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
   }
   if (!args.json_path.empty()) check_output_file("--json", args.json_path);  // before any rank starts
   if (args.single_device) {
+    MLACP_REQUIRE(!args.device.cuda(), "verify", "--single-device checks the CPU reference against itself",
+                  {got("device", args.device.device)},
+                  "drop --device cuda (a GPU's single-device exactness is scripts/gpu-check.sh's), or run ranks");
     MLACP_REQUIRE(args.adhoc.checkpoint.empty(), "verify",
                   "--checkpoint runs on ranks: --single-device takes only --case names",
                   {got("checkpoint", args.adhoc.checkpoint)}, "drop --single-device (use --nproc 1 for one rank)");
@@ -412,7 +422,8 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
   if (!args.list) {
     const std::vector<CpCase> cases = select_cp_cases(args, args.nproc, /*read_weights=*/false);
     for (const CpCase& c : cases) validate_cp_case(c, args.nproc);
-    check_run_memory(common, "verify", largest_case_memory(cases), args.nproc);
+    check_device_args(args.device, args.nproc, "verify");
+    check_run_memory(common, "verify", largest_case_memory(cases, args.device.cuda()), args.nproc);
   }
   return relaunch_local(common, args.nproc);
 }

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/host_allocator.h"
+#include "device_options.h"
 
 namespace mlacp::tools {
 
@@ -64,6 +65,7 @@ struct VerifyArgs {
   int timeout_s = 60;
   std::string json_path;
   AdHocCase adhoc;
+  DeviceArgs device;  // --device, --backend
 };
 CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args);
 int run_verify(const CommonArgs& common, const VerifyArgs& args);
@@ -87,6 +89,7 @@ struct BenchArgs {
   bool batch_scheduling = true;  // ranks under SCHED_BATCH (--no-batch-sched: default scheduler)
   std::string json_path, trace_dir;
   int timeout_s = 120;
+  DeviceArgs device;  // --device, --backend
 };
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench(const CommonArgs& common, const BenchArgs& args);

@@ -180,6 +180,11 @@ int main(int argc, char** argv) {
     return kExitFault;
   } catch (const std::exception& e) {
     std::string what = e.what();
+    if (what.find("CUDA out of memory") != std::string::npos) {  // LibTorch's CUDA caching allocator
+      std::cerr << "mlacp: out of GPU memory: " << what.substr(0, what.find('\n'))
+                << "; reduce --seq, --batch or the model, or run more ranks\n";
+      return kExitFault;
+    }
     if (what.find("can't allocate memory") != std::string::npos) {  // LibTorch's CPU allocator
       std::cerr << "mlacp: out of host memory: " << what.substr(0, what.find('\n'))
                 << "; reduce --seq, --batch or the model, or run more ranks\n";

@@ -304,9 +304,11 @@ std::vector<train::StepRecord> read_reference_log(const std::string& path) {
   return records;
 }
 
-train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size) {
+// `local_ranks`: the ranks this host runs (the launcher's --nproc, or LOCAL_WORLD_SIZE for a rank).
+train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size, int64_t local_ranks) {
   MLACP_REQUIRE(!args.compare, kWhat, "--compare starts its own local launches and cannot run under torchrun",
                 {got("compare", true)}, "run mlacp train --compare without torchrun");
+  check_device_args(args.device, local_ranks, kWhat);
   train::PreparedTraining prepared = train::prepare_training(build_config(args, world_size), world_size);
   if (!args.plot.empty()) require_gnuplot();
   if (!args.reference.empty()) read_reference_log(args.reference);
@@ -364,16 +366,17 @@ void set_rank_threads(const CommonArgs& common) {
 int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   set_rank_threads(common);
   const WorldInfo world = world_from_env();
-  train::PreparedTraining prepared = prepare_rank(args, world.size);
-  check_run_memory(common, kWhat, train::training_memory(prepared.config), 0);  // before the first collective
+  train::PreparedTraining prepared = prepare_rank(args, world.size, local_world_size(world));
+  // The memory check covers host memory: on a GPU the tensors are the device's (README "GPU").
+  if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(prepared.config), 0);
+  prepared.config.device = rank_device(args.device, world);
   const train::TrainConfig config = prepared.config;
   const bool lead = world.rank == 0;
   const bool own_report = args.progress_log.empty();
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string resumed_from = prepared.resume_from ? prepared.resume_from->folder : "";
 
-  GroupOptions options;
-  options.timeout = std::chrono::seconds(args.timeout_s);
+  const GroupOptions options = group_options_for(args.device, config.device, args.timeout_s);
   Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(config.mesh, options);
   if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
@@ -447,8 +450,8 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
 }
 
 int run_launcher(const CommonArgs& common, const TrainArgs& args) {
-  const train::PreparedTraining prepared = prepare_rank(args, args.nproc);  // errors once, before any launch
-  check_run_memory(common, kWhat, train::training_memory(prepared.config), args.nproc);
+  const train::PreparedTraining prepared = prepare_rank(args, args.nproc, args.nproc);  // errors once, before any launch
+  if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(prepared.config), args.nproc);
   if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before training, not after it
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
@@ -495,10 +498,12 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
   parallel.cp = args.cp;
   parallel.ulysses = args.ulysses;
   parallel.compare = single.compare = false;
-  const train::PreparedTraining p = prepare_rank(parallel, args.nproc);
-  const train::PreparedTraining s = prepare_rank(single, 1);
-  check_run_memory(common, kWhat, train::training_memory(p.config), args.nproc);  // the runs take turns
-  check_run_memory(common, kWhat, train::training_memory(s.config), 1);
+  const train::PreparedTraining p = prepare_rank(parallel, args.nproc, args.nproc);
+  const train::PreparedTraining s = prepare_rank(single, 1, 1);
+  if (!args.device.cuda()) {
+    check_run_memory(common, kWhat, train::training_memory(p.config), args.nproc);  // the runs take turns
+    check_run_memory(common, kWhat, train::training_memory(s.config), 1);
+  }
   if (!args.reference.empty()) read_reference_log(args.reference);
   if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before any folder or run
   fs::create_directories(args.out_dir);
@@ -605,6 +610,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps")->capture_default_str();
   run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint");
   run->add_option("--timeout", args.timeout_s, "collective timeout in seconds")->check(CLI::Range(1, 3600))->capture_default_str();
+  add_device_options(run, args.device);
   auto* out = cmd->add_option_group("output");
   out->add_option("--log", args.log, "write one JSON line per step (step, loss, tokens_per_s, grad_norm, time_s)");
   out->add_option("--plot", args.plot, "write the loss curve(s) as PNG (gnuplot)");

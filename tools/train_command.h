@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "device_options.h"
 
 namespace mlacp::tools {
 
@@ -52,6 +53,7 @@ struct TrainArgs {
   bool compare = false;
   std::string out_dir = "mlacp-train";  // --compare: where its logs (and default plot) go
   int timeout_s = 300;
+  DeviceArgs device;  // --device, --backend
   std::string progress_log;  // internal (hidden --progress-log): the launcher's copy of the log
 };
 

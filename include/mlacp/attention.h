@@ -50,11 +50,11 @@ struct LocalLatents {
 struct ResolvedForward {
   int64_t batch = 0;
   int64_t seq_len = 0;        // global sequence length S
-  at::Tensor local_tokens;    // [S_l] int64: global token index of each local row
+  at::Tensor local_tokens;    // [S_l] int64 (CPU: host metadata): global token index of each local row
   bool causal = true;
   at::Tensor rope_positions;  // [B, S_l] int64 (document-relative when packed)
   at::Tensor rope_cos, rope_sin;  // [B|1, S_l, Dr/2] from position_embeddings, or undefined
-  at::Tensor document_ends;   // [n_docs] int64 global exclusive ends, or undefined
+  at::Tensor document_ends;   // [n_docs] int64 (CPU) global exclusive ends, or undefined
   at::Tensor mask;            // bool [B|1, 1, S, S], or undefined
 };
 

@@ -5,16 +5,17 @@
 
 #include <string>
 
-#include <c10/core/DeviceType.h>
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "mlacp/comm.h"
 
 namespace mlacp {
 
-// A CommGroup over an existing c10d group: its backend for `device` (the tensors' device type),
-// its rank and size. A null group, or one of size 1, is a group of size 1 that moves nothing.
-CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c10::DeviceType device,
+// A CommGroup over an existing c10d group: its backend for `device`'s type (the tensors' device:
+// CPU, or this rank's GPU), its rank and size. A null group, or one of size 1, is a group of size 1
+// that moves nothing.
+CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
                           const std::string& name, const Instruments& instruments);
 
 // The groups parallelize() needs for a CP-only mesh (dp = tp = 1 as far as mlacp sees: the caller
@@ -25,6 +26,6 @@ CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c
 ParallelGroups parallel_groups_from_c10d(const c10::intrusive_ptr<c10d::ProcessGroup>& cp, int64_t ulysses,
                                          const c10::intrusive_ptr<c10d::ProcessGroup>& ulysses_group,
                                          const c10::intrusive_ptr<c10d::ProcessGroup>& all_gather_group,
-                                         c10::DeviceType device);
+                                         const c10::Device& device);
 
 }  // namespace mlacp

@@ -8,7 +8,10 @@
 //   - the returned AsyncHandle owns the c10d work, the send and receive buffers and the layout
 //     restore; wait() may be called exactly once and returns the result in its documented layout;
 //   - bf16/fp16 travel as 16-bit bit copies; reductions accumulate in float32;
-//   - a group of size 1 moves nothing and counts nothing.
+//   - a group of size 1 moves nothing and counts nothing;
+//   - tensors are on the group's device (CPU for Gloo groups, the rank's GPU for NCCL or Gloo-on-
+//     CUDA groups). On a CUDA backend a launch enqueues on the collective's own stream and returns;
+//     wait() makes the current stream wait for it without blocking the host (docs/DESIGN.md §16).
 #pragma once
 
 #include <chrono>
@@ -90,6 +93,13 @@ class CommGroup {
   int64_t rank() const;
   int64_t size() const;
   const std::string& name() const;
+  // The device its tensors live on (CPU for a Gloo group over CPU tensors, a GPU otherwise) and
+  // the backend's name ("gloo", "nccl"; "none" for a group of size 1).
+  const c10::Device& device() const;
+  const std::string& backend_name() const;
+  // True the first time it is asked with `key` on this group (its copies share the answer): a
+  // check that reads a device value, run once per group instead of every step.
+  bool first_time(const std::string& key) const;
   bool defined() const { return static_cast<bool>(impl_); }
 
   struct Impl;
@@ -170,10 +180,19 @@ struct ParallelGroups {
   std::string describe() const;  // the rank order, printed by the tools
 };
 
+// Which c10d backend moves a group's tensors. automatic: Gloo for CPU tensors, NCCL for CUDA
+// tensors. gloo on a CUDA device: Gloo's CUDA path (it stages through host memory): slower, but it
+// runs several ranks on one GPU, which NCCL refuses.
+enum class CommBackend { automatic, gloo, nccl };
+std::string comm_backend_name(CommBackend backend);
+CommBackend parse_comm_backend(const std::string& name);
+
 struct GroupOptions {
   std::chrono::milliseconds timeout{60000};  // a dead peer is an error after this
-  LinkModel link;
-  bool cuda = false;  // NCCL when built with it; Gloo otherwise
+  LinkModel link;  // the emulated link: host-timed (CPU) groups only
+  // device: the default; tools and bindings set the rank's device
+  c10::Device device{c10::DeviceType::CPU};  // where the groups' tensors live: this rank's GPU for CUDA
+  CommBackend backend = CommBackend::automatic;
 };
 
 // One store shared by every set of groups a process builds (rank 0 serves the TCP store).

@@ -10,9 +10,11 @@
 namespace mlacp {
 
 enum class CpStrategy { expanded_ulysses, latent_kv_head };
-// The local attention kernel: blockwise (flash-style, no S x S scores; the default) or the naive
-// reference (materialised scores; the oracle, kept for checking).
-enum class AttentionKernel { blockwise, reference };
+// The local attention kernel: blockwise (flash-style, no S x S scores; the default), the naive
+// reference (materialised scores; the oracle, kept for checking), or pieces (the structure cut into
+// varlen pieces for a varlen kernel: the path CUDA tensors take, docs/DESIGN.md §16; on CPU tensors
+// it runs a reference varlen kernel, to check the planning). blockwise on CUDA tensors runs pieces.
+enum class AttentionKernel { blockwise, reference, pieces };
 enum class CpPartition { contiguous, head_tail };
 
 std::string strategy_name(CpStrategy strategy);

@@ -60,7 +60,10 @@ struct OverlappedTransfer {
 };
 // What the overlapped form of the plan's schedule hides (empty when it has no overlapped form
 // for these degrees).
-std::vector<OverlappedTransfer> overlapped_transfers(const CpPlan& plan, const MlaConfig& config);
+// `device`: where the layer runs (the CPU's blockwise kernel attends a rank's own query rows under
+// the Q exchange; a GPU's stream overlaps the exchange with the K/V up-projection only).
+std::vector<OverlappedTransfer> overlapped_transfers(const CpPlan& plan, const MlaConfig& config,
+                                                     c10::DeviceType device);
 
 // The plan for a module's config and a mesh shape.
 CpPlanSpec plan_spec_for(const MlaConfig& config, const MeshShape& shape, CpStrategy strategy, CpPartition partition,

@@ -42,13 +42,14 @@ class Attention {
   std::string parallelize(const ProcessGroupPtr& cp, int64_t ulysses, const ProcessGroupPtr& ulysses_group,
                           const ProcessGroupPtr& all_gather_group, const std::string& strategy,
                           const std::string& partition, bool overlap, const std::string& kernel,
-                          const std::string& device_type) {
+                          const std::string& device_name) {
     mlacp::CpOptions options;
     options.strategy = mlacp::parse_strategy(strategy);
     options.partition = mlacp::parse_partition(partition);
     options.overlap = overlap;
     options.kernel = mlacp::parse_kernel(kernel);
-    const c10::DeviceType device = c10::Device(device_type).type();
+    // The parameters' device ("cpu", "cuda:1"): the groups move tensors there (gloo / nccl backend).
+    const c10::Device device(device_name);
     groups_ = mlacp::parallel_groups_from_c10d(cp, ulysses, ulysses_group, all_gather_group, device);
     py::gil_scoped_release release;
     plan_ = mlacp::parallelize(module_, groups_, options);
@@ -120,7 +121,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("rms_norm_float32") = false)
       .def("parallelize", &Attention::parallelize, py::arg("cp_group"), py::arg("ulysses"),
            py::arg("ulysses_group"), py::arg("all_gather_group"), py::arg("strategy"), py::arg("partition"),
-           py::arg("overlap"), py::arg("kernel"), py::arg("device_type"))
+           py::arg("overlap"), py::arg("kernel"), py::arg("device"))
       .def("forward", &Attention::forward, py::arg("hidden"), py::arg("position_ids") = py::none(),
            py::arg("document_ends") = py::none(), py::arg("position_embeddings") = py::none(),
            py::arg("is_causal") = py::none(), py::arg("training") = true)

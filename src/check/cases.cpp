@@ -10,6 +10,7 @@
 namespace mlacp {
 
 MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype) {
+  // device: draws on the host, so every device gets the same values
   auto generator = at::make_generator<at::CPUGeneratorImpl>(c.seed + 17);
   MlaAttention module(c.config, at::TensorOptions().dtype(at::kFloat));
   at::NoGradGuard no_grad;
@@ -58,6 +59,7 @@ at::Tensor make_band_mask(int64_t seq_len, int64_t band_width, const std::vector
 }
 
 CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype) {
+  // device: draws on the host, so every device gets the same values
   auto generator = at::make_generator<at::CPUGeneratorImpl>(c.seed + 101);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   CaseInputs in;
@@ -67,6 +69,19 @@ CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype) {
   if (!c.document_ends.empty()) in.options.document_ends = c.document_ends;
   if (c.band_width > 0) in.options.attention_mask = make_band_mask(c.seq_len, c.band_width, c.masked_rows);
   return in;
+}
+
+CaseInputs inputs_on(const CaseInputs& in, const c10::Device& device) {
+  CaseInputs out = in;
+  out.hidden = in.hidden.to(device);
+  out.output_weight = in.output_weight.to(device);
+  if (in.options.attention_mask.defined()) out.options.attention_mask = in.options.attention_mask.to(device);
+  if (in.options.position_ids.defined()) out.options.position_ids = in.options.position_ids.to(device);
+  if (in.options.position_embeddings) {
+    out.options.position_embeddings = std::make_pair(in.options.position_embeddings->first.to(device),
+                                                     in.options.position_embeddings->second.to(device));
+  }
+  return out;
 }
 
 std::vector<VerifyCase> default_single_device_cases() {

@@ -45,6 +45,9 @@ struct CaseInputs {
 // reference kernel (the oracle).
 MlaAttention make_case_module(const VerifyCase& c, at::ScalarType dtype);
 CaseInputs make_case_inputs(const VerifyCase& c, at::ScalarType dtype);
+// The inputs on `device` (hidden, output weight, mask, positions); made on the host, so every
+// device gets the same values.
+CaseInputs inputs_on(const CaseInputs& inputs, const c10::Device& device);
 // bool [1, 1, S, S] band mask with the case's masked rows.
 at::Tensor make_band_mask(int64_t seq_len, int64_t band_width, const std::vector<int64_t>& masked_rows);
 

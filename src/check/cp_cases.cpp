@@ -94,6 +94,19 @@ std::vector<CpCase> exactness_cp_cases() {
       cases.push_back(c);
     }
     {
+      // The varlen-piece path of CUDA tensors, run on the CPU through the reference varlen kernel:
+      // documents crossing head_tail shards (segments x documents, bottom-right causal), and a
+      // mask with rows that see no key (the dense masked path).
+      CpCase c = with_docs(make(n + "-u2-head_tail-pieces", s, 4, 2, CpPartition::head_tail, true));
+      c.kernel = AttentionKernel::pieces;
+      cases.push_back(c);
+      CpCase m = make(n + "-u2-band-masked-row-pieces", s, 4, 2, CpPartition::contiguous, false);
+      m.base.band_width = 5;
+      m.base.masked_rows = {9, 30};
+      m.kernel = AttentionKernel::pieces;
+      cases.push_back(m);
+    }
+    {
       CpCase c = make(n + "-u2-bf16", s, 4, 2, CpPartition::head_tail, true, 64);
       c.dtype = at::kBFloat16;
       cases.push_back(c);
@@ -135,9 +148,27 @@ std::vector<CpCase> default_cp_cases(int64_t world_size) {
   return cases;
 }
 
+std::vector<CpCase> pieces_cp_cases() {
+  std::vector<CpCase> cases;
+  for (CpCase c : exactness_cp_cases()) {
+    if (c.kernel != AttentionKernel::blockwise) continue;
+    c.kernel = AttentionKernel::pieces;
+    c.name += "-via-pieces";
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<CpCase> find_cp_cases(const std::vector<std::string>& names, int64_t world_size) {
   std::vector<CpCase> known = exactness_cp_cases();
   if (names.size() == 1 && names[0] == "all") return world_size == 4 ? known : default_cp_cases(world_size);
+  if (names.size() == 1 && names[0] == "pieces") {
+    MLACP_REQUIRE(world_size == 4, "verify", "the pieces matrix runs on 4 ranks (its cases have P = 4)",
+                  {got("ranks", world_size)}, "pass --nproc 4");
+    return pieces_cp_cases();
+  }
+  const std::vector<CpCase> pieces = pieces_cp_cases();
+  known.insert(known.end(), pieces.begin(), pieces.end());
   if (world_size != 4) {
     const auto extra = default_cp_cases(world_size);
     known.insert(known.end(), extra.begin(), extra.end());

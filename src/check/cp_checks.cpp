@@ -28,15 +28,26 @@ void freeze(const CpCase& c, MlaAttention& module) {
     if (is_frozen(c, item.key())) item.value().set_requires_grad(false);
 }
 
-// Single-device forward + backward of the whole batch (every rank computes it).
-ForwardBackward reference_run(const CpCase& c, at::ScalarType dtype, bool bf16_autocast) {
+// Single-device forward + backward of the whole batch (every rank computes it) on `device`; the
+// results come back to the CPU. The float64 oracle runs on the CPU; the single-device bf16 run
+// whose error bounds a bf16 CP run's runs where the CP run does (its rounding is the device's).
+ForwardBackward reference_run(const CpCase& c, at::ScalarType dtype, bool bf16_autocast,
+                              // device: the float64 oracle runs on the CPU
+                              const c10::Device& device = c10::Device(c10::DeviceType::CPU)) {
   MlaAttention module = make_case_module(c.base, dtype);
   module->set_attention_kernel(c.reference_kernel);
   freeze(c, module);
-  CaseInputs inputs = make_case_inputs(c.base, dtype);
-  if (!bf16_autocast) return run_forward_backward(module, inputs);
-  compat::AutocastGuard autocast(c10::DeviceType::CPU, true, at::kBFloat16);
-  return run_forward_backward(module, inputs);
+  module->to(device);
+  const CaseInputs inputs = inputs_on(make_case_inputs(c.base, dtype), device);
+  std::unique_ptr<compat::AutocastGuard> autocast;
+  if (bf16_autocast) autocast = std::make_unique<compat::AutocastGuard>(device.type(), true, at::kBFloat16);
+  ForwardBackward result = run_forward_backward(module, inputs);
+  // device: results are compared on the CPU, with the oracle
+  result.output = result.output.cpu();
+  for (auto& [name, grad] : result.gradients) {
+    if (grad.defined()) grad = grad.cpu();  // device: compared on the CPU
+  }
+  return result;
 }
 
 // The reference computed on world rank 0 only (float64, or float32 for float32 cases) and summed into zeros elsewhere (for
@@ -55,8 +66,13 @@ ForwardBackward shared_reference(const CpCase& c, const ParallelGroups& groups) 
     for (const auto& item : shapes->named_parameters())
       reference.gradients.emplace_back(item.key(), at::zeros_like(item.value()));
   }
-  reference.output = launch_all_reduce_sum(groups.world, reference.output, "reference").wait_one();
-  for (auto& [name, grad] : reference.gradients) grad = launch_all_reduce_sum(groups.world, grad, "reference").wait_one();
+  const c10::Device device = groups.world.device();  // the backend moves tensors there (NCCL: the GPU)
+  auto summed = [&](const at::Tensor& t) {
+    // device: the shared oracle is summed on the backend's device and compared on the CPU
+    return launch_all_reduce_sum(groups.world, t.to(device), "reference").wait_one().cpu();
+  };
+  reference.output = summed(reference.output);
+  for (auto& [name, grad] : reference.gradients) grad = summed(grad);
   return reference;
 }
 
@@ -172,32 +188,38 @@ CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
                   const std::function<at::Tensor(const at::Tensor&)>& mine) {
   const bool bf16 = c.dtype == at::kBFloat16;
   const at::ScalarType param_dtype = bf16 ? at::kFloat : c.dtype;
+  const c10::Device device = groups.world.device();  // where this rank's tensors live
   MlaAttention module = make_case_module(c.base, param_dtype);
   freeze(c, module);
+  module->to(device);
   parallelize(module, groups, {c.strategy, c.partition, overlap, c.kernel});
-  CaseInputs global = make_case_inputs(c.base, param_dtype);
+  CaseInputs global = inputs_on(make_case_inputs(c.base, param_dtype), device);
   at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!is_frozen(c, "hidden"));
   at::Tensor weight = mine(global.output_weight);
   CpRun run;
   groups.instruments.counters->reset();
   {
     std::unique_ptr<compat::AutocastGuard> autocast;
-    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(device.type(), true, at::kBFloat16);
     run.output = module->forward(hidden, global.options);
     run.forward_counts = *groups.instruments.counters;
     (run.output.to(at::kDouble) * weight.to(at::kDouble)).sum().backward();
   }
   run.total_counts = *groups.instruments.counters;
   reduce_gradients(module->named_parameters(), groups);
-  run.output = run.output.detach();
-  run.hidden_grad = hidden.grad();
-  for (const auto& item : module->named_parameters()) run.param_grads.emplace_back(item.key(), item.value().grad());
+  // device: results are compared on the CPU, with the oracle
+  run.output = run.output.detach().cpu();
+  if (hidden.grad().defined()) run.hidden_grad = hidden.grad().cpu();  // device: compared on the CPU
+  for (const auto& item : module->named_parameters()) {
+    const at::Tensor& grad = item.value().grad();
+    run.param_grads.emplace_back(item.key(), grad.defined() ? grad.cpu() : grad);  // device: compared on the CPU
+  }
   return run;
 }
 
 }  // namespace
 
-MemoryEstimate cp_case_memory(const CpCase& c) {
+MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device) {
   const MlaConfig& cfg = c.base.config;
   const auto bytes_of = [](at::ScalarType t) -> int64_t { return t == at::kDouble ? 8 : 4; };  // bf16: f32 masters
   LayerShape shape;
@@ -209,7 +231,7 @@ MemoryEstimate cp_case_memory(const CpCase& c) {
   shape.element_bytes = bytes_of(c.dtype);
   CpPlanSpec cp_spec = plan_spec_for(cfg, c.mesh, c.strategy, c.partition, c.overlap);
   cp_spec.kernel = c.kernel;
-  const MemoryEstimate cp_run = layer_memory(CpPlan(cp_spec), shape);
+  const MemoryEstimate cp_run = cp_run_on_device ? MemoryEstimate{} : layer_memory(CpPlan(cp_spec), shape);
   // The oracle: the whole batch on one rank with the reference's kernel, float64 (float32 for a
   // float32 case computed on rank 0 alone); a bf16 case also runs float32 under autocast.
   CpPlanSpec one_spec = plan_spec_for(cfg, MeshShape{1, 1, 1}, c.strategy, c.partition, false);
@@ -246,11 +268,11 @@ std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups) {
 
   ForwardBackward reference = c.reference_on_rank0 ? shared_reference(c, groups) : reference_run(c, at::kDouble, false);
   ForwardBackward single_bf16;
-  if (bf16) single_bf16 = reference_run(c, at::kFloat, true);
+  if (bf16) single_bf16 = reference_run(c, at::kFloat, true, groups.world.device());
 
   // This rank's rows: batch rows of its DP rank, tokens of its CP rank.
   const int64_t local_batch = c.base.batch / c.mesh.dp;
-  auto mine = [&](const at::Tensor& global) {
+  auto mine = [&](const at::Tensor& global) {  // on the tensor's own device
     return shard_sequence(global.narrow(0, groups.dp_rank * local_batch, local_batch), c.partition, c.mesh.cp,
                           groups.cp_rank);
   };

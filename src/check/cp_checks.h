@@ -41,8 +41,9 @@ void validate_cp_case(const CpCase& c, int64_t world_size);
 
 // Peak bytes one rank holds while running the case (the CP run, the single-device oracle it is
 // compared with, their results), from shapes alone: checked against the host before any rank
-// starts (include/mlacp/memory.h).
-MemoryEstimate cp_case_memory(const CpCase& c);
+// starts (include/mlacp/memory.h). cp_run_on_device: the CP run's tensors live on a GPU; the host
+// holds the oracle and the results.
+MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device = false);
 
 // Runs the case on this rank's groups, whose shape must be c.mesh (see GroupCache).
 std::vector<CheckRow> run_cp_case(const CpCase& c, ParallelGroups& groups);
@@ -66,6 +67,10 @@ class GroupCache {
 std::vector<CpCase> default_cp_cases(int64_t world_size);
 // The full float64 exactness matrix of the test suite (P = 4).
 std::vector<CpCase> exactness_cp_cases();
+// The same structures through the varlen pieces (AttentionKernel::pieces: the path CUDA tensors
+// take, on the CPU through the reference varlen kernel; docs/DESIGN.md §16), named "<case>-via-pieces";
+// the cases that already name their kernel are left out.
+std::vector<CpCase> pieces_cp_cases();
 std::vector<CpCase> find_cp_cases(const std::vector<std::string>& names, int64_t world_size);
 
 }  // namespace mlacp

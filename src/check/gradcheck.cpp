@@ -16,6 +16,7 @@ std::vector<GradcheckResult> finite_difference_check(const std::function<at::Ten
   std::vector<at::Tensor> analytic = torch::autograd::grad({loss()}, leaves, /*grad_outputs=*/{},
                                                            /*retain_graph=*/false, /*create_graph=*/false,
                                                            /*allow_unused=*/true);
+  // device: finite differences of the CPU float64 oracle
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<GradcheckResult> results;
   at::NoGradGuard no_grad;

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -44,6 +46,11 @@ struct CommGroup::Impl {
   std::shared_ptr<LinkModel> link;
   std::shared_ptr<Timeline> timeline;
   std::chrono::milliseconds timeout{0};  // the backend's collective timeout (for fault messages)
+  // device: the default; group construction sets the rank's device
+  c10::Device device{c10::DeviceType::CPU};  // where the group's tensors (and its control values) live
+  std::string backend_name = "none";
+  std::mutex once_mutex;
+  std::set<std::string> once;  // CommGroup::first_time keys already asked
 };
 
 }  // namespace mlacp

@@ -14,20 +14,26 @@ int64_t group_size(const c10::intrusive_ptr<c10d::ProcessGroup>& group) { return
 
 }  // namespace
 
-CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c10::DeviceType device,
+CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
                           const std::string& name, const Instruments& instruments) {
   auto impl = std::make_shared<CommGroup::Impl>();
   impl->name = name;
   impl->counters = instruments.counters;
   impl->link = instruments.link;
   impl->timeline = instruments.timeline;
+  impl->device = device;
   if (group) {
     impl->rank = group->getRank();
     impl->size = group->getSize();
     if (impl->size > 1) {
-      impl->backend = backend_of(group, device);
+      try {
+        impl->backend = backend_of(group, device.type());
+      } catch (const std::exception& e) {  // 2.x: getBackend throws for a device type it lacks
+        impl->backend.reset();
+      }
+      if (impl->backend) impl->backend_name = impl->backend->getBackendName();
       MLACP_REQUIRE(impl->backend, kWhat, "the process group has no backend for the tensors' device",
-                    {got("group", name), got("device", c10::DeviceTypeName(device))},
+                    {got("group", name), got("device", device)},
                     "create the group with a backend for that device (gloo for CPU tensors, nccl for CUDA)");
     }
   }
@@ -37,7 +43,7 @@ CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c
 ParallelGroups parallel_groups_from_c10d(const c10::intrusive_ptr<c10d::ProcessGroup>& cp, int64_t ulysses,
                                          const c10::intrusive_ptr<c10d::ProcessGroup>& ulysses_group,
                                          const c10::intrusive_ptr<c10d::ProcessGroup>& all_gather_group,
-                                         c10::DeviceType device) {
+                                         const c10::Device& device) {
   const int64_t p = group_size(cp);
   const int64_t u = ulysses == 0 ? p : ulysses;
   MLACP_REQUIRE(u >= 1 && p % u == 0, kWhat, "the CP group size must be divisible by the ulysses degree",
@@ -56,6 +62,7 @@ ParallelGroups parallel_groups_from_c10d(const c10::intrusive_ptr<c10d::ProcessG
   g.instruments.counters = std::make_shared<CommCounters>();
   g.instruments.link = std::make_shared<LinkModel>();
   g.instruments.timeline = std::make_shared<Timeline>();
+  g.instruments.timeline->set_device(device);
   g.shape = {1, p, 1, u};
   g.cp = wrap_c10d_group(cp, device, "cp", g.instruments);
   g.cp_rank = g.cp.rank();

@@ -64,6 +64,12 @@ std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time
 int64_t CommGroup::rank() const { return impl_->rank; }
 int64_t CommGroup::size() const { return impl_->size; }
 const std::string& CommGroup::name() const { return impl_->name; }
+const c10::Device& CommGroup::device() const { return impl_->device; }
+const std::string& CommGroup::backend_name() const { return impl_->backend_name; }
+bool CommGroup::first_time(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(impl_->once_mutex);
+  return impl_->once.insert(key).second;
+}
 
 // --- the handle -----------------------------------------------------------------------------
 using Clock = std::chrono::steady_clock;
@@ -79,7 +85,7 @@ struct AsyncHandle::State {
   std::shared_ptr<LinkModel> link;
   std::shared_ptr<CommCounters> counters;  // null for groups of size 1
   std::shared_ptr<Timeline> timeline;
-  double launched_at_us = 0.0;
+  TimePoint launched_point;  // the timeline's clock (a device point on a device-timed timeline)
   CollectiveKind kind = CollectiveKind::all_to_all;
   bool waited = false;
   std::string group;  // name, rank and size of the group, for fault messages
@@ -140,24 +146,29 @@ std::vector<at::Tensor> AsyncHandle::wait() {
   MLACP_REQUIRE(!state_->waited, "async collective", "a handle may be waited exactly once",
                 {got("label", state_->label)}, "keep the result of the first wait()");
   state_->waited = true;
-  const double wait_begin_us = Timeline::now_us();
+  TimePoint wait_begin;
+  if (state_->timeline) wait_begin = state_->timeline->now();
+  // On a CUDA backend (NCCL) wait() makes the current stream wait for the collective and returns
+  // at once: the host is not blocked (docs/DESIGN.md §16).
   if (state_->work)
     wait_or_fault(*state_->work, state_->label, state_->group, state_->group_rank, state_->group_size,
                   state_->timeout);
   const bool emulated = state_->link && state_->link->enabled() && state_->work;
   if (emulated) std::this_thread::sleep_until(state_->link_done);
   if (state_->timeline) {
-    const double end_us = Timeline::now_us();
-    state_->timeline->record(state_->label, EventKind::wait, wait_begin_us, end_us);
+    const TimePoint end = state_->timeline->now();
+    state_->timeline->record(state_->label, EventKind::wait, wait_begin, end);
     // The transfer: when the emulated link carries it; without one, launch to end of wait.
-    const auto offset_us = [&](Clock::time_point t) {
-      return state_->launched_at_us + std::chrono::duration<double, std::micro>(t - state_->launched_at).count();
-    };
-    if (emulated)
+    if (emulated) {
+      const auto offset_us = [&](Clock::time_point t) {
+        return state_->launched_point.host_us +
+               std::chrono::duration<double, std::micro>(t - state_->launched_at).count();
+      };
       state_->timeline->record(state_->label, EventKind::transfer, offset_us(state_->link_start),
                                offset_us(state_->link_done));
-    else
-      state_->timeline->record(state_->label, EventKind::transfer, state_->launched_at_us, end_us);
+    } else {
+      state_->timeline->record(state_->label, EventKind::transfer, state_->launched_point, end);
+    }
   }
   if (state_->counters) {
     state_->counters->add_wire_time(state_->kind, state_->label,
@@ -207,8 +218,8 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
     std::tie(state->link_start, state->link_done) = state->link->book(state->launched_at, bytes);
   if (group.size() > 1 && group.impl().timeline && group.impl().timeline->enabled()) {
     state->timeline = group.impl().timeline;
-    state->launched_at_us = Timeline::now_us();
-    state->timeline->record(label, EventKind::launch, state->launched_at_us, state->launched_at_us);
+    state->launched_point = state->timeline->now();
+    state->timeline->record(label, EventKind::launch, state->launched_point, state->launched_point);
   }
   if (group.size() > 1 && group.impl().counters) {
     state->counters = group.impl().counters;
@@ -374,12 +385,17 @@ AsyncHandle launch_all_gather_seq(const CommGroup& group, const at::Tensor& x, c
   for (int64_t d : x.sizes()) shape.push_back(d);
   at::Tensor receive = at::empty(shape, x.options());  // [G, B, S_l, ...]
   std::vector<at::Tensor> inputs{wire_view(send)};
-  std::vector<std::vector<at::Tensor>> outputs(1);
   at::Tensor receive_wire = wire_view(receive);
-  for (int64_t r = 0; r < g; ++r) outputs[0].push_back(receive_wire[r]);
   const int64_t bytes = send.numel() * send.element_size() * (g - 1);
   auto state = new_state(group, label, bytes, CollectiveKind::all_gather);
-  state->work = group.impl().backend->allgather(outputs, inputs);
+  if (group.backend_name() == "nccl") {
+    // One flat buffer: NCCL writes the ranks' blocks in place (the list form copies them out).
+    state->work = group.impl().backend->_allgather_base(receive_wire, inputs[0]);
+  } else {
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int64_t r = 0; r < g; ++r) outputs[0].push_back(receive_wire[r]);
+    state->work = group.impl().backend->allgather(outputs, inputs);
+  }
   state->buffers = {send, receive};
   state->finish = [receive, g] {
     // [G, B, S_l, ...] -> [B, G*S_l, ...]
@@ -442,14 +458,24 @@ AsyncHandle launch_all_reduce_sum(const CommGroup& group, const at::Tensor& x, c
 }
 
 namespace {
+// Control values (doubles, u64) cross on the group's device (NCCL moves device tensors only) and
+// come back to the host: these collectives are waited at once and read on the host, so they
+// belong before a step or after it, never inside one.
+at::Tensor on_group_device(const CommGroup& group, const at::Tensor& host) {
+  // device: control values are made and read on the host
+  return group.device().is_cpu() ? host : host.to(group.device());
+}
+
 std::vector<double> all_reduce_doubles(const CommGroup& group, const std::vector<double>& values, c10d::ReduceOp op) {
   if (group.size() == 1 || values.empty()) return values;
-  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor t = on_group_device(group, at::tensor(values, at::TensorOptions().dtype(at::kDouble)));
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
   wait_or_fault(group, group.impl().backend->allreduce(tensors, options), "all-reduce (max/min)");
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  // device: control values are read on the host (before or after a step)
+  const at::Tensor host = t.cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 }  // namespace
 
@@ -462,15 +488,16 @@ std::vector<double> all_reduce_min(const CommGroup& group, const std::vector<dou
 
 std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value) {
   if (group.size() == 1) return {value};
-  at::Tensor mine = at::empty({1}, at::kLong);
-  mine[0] = static_cast<int64_t>(value);
-  at::Tensor all = at::empty({group.size()}, at::kLong);
+  at::Tensor mine = on_group_device(group, at::full({1}, static_cast<int64_t>(value), at::kLong));
+  at::Tensor all = at::empty({group.size()}, mine.options());
   std::vector<at::Tensor> inputs{mine};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t r = 0; r < group.size(); ++r) outputs[0].push_back(all.narrow(0, r, 1));
   wait_or_fault(group, group.impl().backend->allgather(outputs, inputs), "all-gather (u64)");
+  // device: control values are read on the host (before or after a step)
+  const at::Tensor host = all.cpu();
   std::vector<uint64_t> values;
-  for (int64_t r = 0; r < group.size(); ++r) values.push_back(static_cast<uint64_t>(all[r].item<int64_t>()));
+  for (int64_t r = 0; r < group.size(); ++r) values.push_back(static_cast<uint64_t>(host.data_ptr<int64_t>()[r]));
   return values;
 }
 

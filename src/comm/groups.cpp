@@ -41,17 +41,50 @@ int64_t env_int(const char* name, bool required, int64_t fallback) {
   return value;
 }
 
+// The backend a group's tensors take (GroupOptions): Gloo for CPU tensors, NCCL for CUDA ones,
+// Gloo's CUDA path when asked (several ranks on one GPU).
+std::string backend_for(const GroupOptions& options) {
+  // device: Gloo moves CPU tensors
+  if (options.device.is_cpu()) return "gloo";
+  return options.backend == CommBackend::gloo ? "gloo" : "nccl";
+}
+
+// Every rule of the options, before any rank connects (the same on every rank).
+void check_group_options(const GroupOptions& options) {
+  const std::string backend = backend_for(options);
+  // device: the backends mlacp builds: Gloo (CPU, CUDA) and NCCL (CUDA)
+  MLACP_REQUIRE(options.device.is_cpu() || options.device.is_cuda(), kWhat,
+                "process groups move CPU or CUDA tensors", {got("device", options.device)},
+                "use --device cpu or --device cuda");
+  // device: NCCL moves CUDA tensors only
+  MLACP_REQUIRE(!(options.device.is_cpu() && options.backend == CommBackend::nccl), kWhat,
+                "NCCL moves CUDA tensors only", {got("device", options.device), got("backend", "nccl")},
+                "use --device cuda with --backend nccl, or --backend gloo (auto) for CPU tensors");
+  // device: the emulated link sleeps on the host
+  MLACP_REQUIRE(options.device.is_cpu() || !options.link.enabled(), kWhat,
+                "the emulated link is host-timed and serves CPU groups only",
+                {got("device", options.device), got("latency_s", options.link.latency_seconds),
+                 got("bandwidth_bytes_per_s", options.link.bandwidth_bytes_per_second)},
+                "drop --bandwidth-gbps/--latency-us/--auto-link on a GPU: its link is real");
+#ifndef USE_C10D_NCCL
+  MLACP_REQUIRE(backend != "nccl", kWhat, "CUDA tensors over NCCL need a LibTorch with c10d NCCL, and this one has none",
+                {got("device", options.device), got("libtorch", TORCH_VERSION)},
+                "build against the CUDA wheel of PyTorch 2.x, or pass --backend gloo");
+#endif
+}
+
 c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
                                              int64_t size, const GroupOptions& options) {
 #ifdef USE_C10D_NCCL
-  if (options.cuda) {
+  if (backend_for(options) == "nccl") {
     auto nccl = c10d::ProcessGroupNCCL::Options::create();
     nccl->timeout = options.timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl);
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank), static_cast<int>(size), nccl);
+    // The rank's GPU for every communicator of the group (NCCL would otherwise guess it from the
+    // group rank, which is not the local rank for sub-groups).
+    group->setBoundDeviceId(options.device);
+    return group;
   }
-#else
-  MLACP_REQUIRE(!options.cuda, kWhat, "CUDA tensors need NCCL, and this LibTorch has no c10d NCCL", {},
-                "build against a CUDA LibTorch, or run on CPU");
 #endif
   auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
@@ -70,6 +103,7 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
   impl->link = instruments.link;
   impl->timeline = instruments.timeline;
   impl->timeout = options.timeout;
+  impl->device = options.device;
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i] == world_rank) impl->rank = static_cast<int64_t>(i);
   if (impl->size > 1) {
@@ -78,6 +112,7 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     try {
       impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
+      impl->backend_name = backend_for(options);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // a rank that never came, or a connection refused
@@ -103,6 +138,7 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
   g.instruments.counters = std::make_shared<CommCounters>();
   g.instruments.link = std::make_shared<LinkModel>(options.link);
   g.instruments.timeline = std::make_shared<Timeline>();
+  g.instruments.timeline->set_device(options.device);  // spans timed where the tensors are
   const int64_t r = world.rank;
   g.tp_rank = r % s.tp;
   g.cp_rank = (r / s.tp) % s.cp;
@@ -129,6 +165,23 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
 }
 
 }  // namespace
+
+std::string comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::automatic: return "auto";
+    case CommBackend::gloo: return "gloo";
+    case CommBackend::nccl: return "nccl";
+  }
+  return "?";
+}
+
+CommBackend parse_comm_backend(const std::string& name) {
+  if (name == "auto") return CommBackend::automatic;
+  if (name == "gloo") return CommBackend::gloo;
+  if (name == "nccl") return CommBackend::nccl;
+  fail(kWhat, "the communication backend must be auto, gloo or nccl", {got("backend", name)},
+       "auto takes Gloo for CPU tensors and NCCL for CUDA tensors; gloo on CUDA runs several ranks on one GPU");
+}
 
 WorldInfo world_from_env() {
   WorldInfo w;
@@ -209,6 +262,7 @@ Rendezvous Rendezvous::of(const WorldInfo& world, std::chrono::milliseconds time
 
 ParallelGroups Rendezvous::groups(const MeshShape& shape, const GroupOptions& options) {
   check_mesh_shape(shape, impl_->world.size);
+  check_group_options(options);
   const std::string generation = "g" + std::to_string(impl_->generation++) + "/";
   return build_groups(impl_->store, generation, impl_->world, shape, options);
 }

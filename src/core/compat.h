@@ -121,7 +121,8 @@ struct AutocastSnapshot {
   c10::DeviceType device = c10::DeviceType::CPU;
   bool enabled = false;
   c10::ScalarType dtype = c10::ScalarType::BFloat16;
-  static AutocastSnapshot capture(c10::DeviceType device = c10::DeviceType::CPU) {
+  // `device`: the device type of the tensors the forward ran on (autocast is per device type).
+  static AutocastSnapshot capture(c10::DeviceType device) {
     return {device, autocast_enabled(device), autocast_dtype(device)};
   }
   // Re-enters the captured state for the guard's lifetime (null when autocast was off).

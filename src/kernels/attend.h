@@ -1,4 +1,5 @@
-// The one place that chooses the local attention kernel (blockwise by default, the reference oracle for checking).
+// The one place that chooses the local attention kernel: blockwise on the CPU by default, varlen pieces
+// on other devices (CUDA) or when asked, the reference oracle for checking.
 #pragma once
 
 #include "kernels/reference_attention.h"

@@ -10,15 +10,18 @@ namespace mlacp {
 //   allowed(i, j) = same document ∧ (key_token ≤ query_token when causal) ∧ mask(i, j)
 // Rows carry their *global* token index, so a slice of queries (a CP shard, a Ulysses block,
 // a head_tail layout) is described exactly.
+// The token indices and document ends are host metadata: CPU tensors whatever the device of
+// q, k, v (kernels plan from them without reading a device; docs/DESIGN.md §16). The mask is data
+// and lives with the tensors.
 struct AttentionStructure {
   bool causal = true;
-  at::Tensor query_token_index;  // [Sq] int64, global token index of each query row
-  at::Tensor key_token_index;    // [Sk] int64
-  at::Tensor document_ends;      // [n_docs] int64, global exclusive ends; undefined: one document
-  at::Tensor mask;               // bool [B|1, 1, Sq, Sk] (True = allowed) or undefined
+  at::Tensor query_token_index;  // [Sq] int64 (CPU), global token index of each query row
+  at::Tensor key_token_index;    // [Sk] int64 (CPU)
+  at::Tensor document_ends;      // [n_docs] int64 (CPU), global exclusive ends; undefined: one document
+  at::Tensor mask;               // bool [B|1, 1, Sq, Sk] (True = allowed) or undefined, on the tensors' device
 };
 
-// bool [B|1, 1, Sq, Sk]
+// bool [B|1, 1, Sq, Sk], on the mask's device (the indices' without a mask)
 at::Tensor allowed_pairs(const AttentionStructure& structure);
 
 // q: [B, H, Sq, Dqk], k: [B, H, Sk, Dqk], v: [B, H, Sk, Dv] -> [B, H, Sq, Dv].

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "core/device.h"
+
 namespace mlacp {
 namespace {
 
@@ -42,7 +44,8 @@ RopeFrequencies make_rope_frequencies(const RopeSettings& settings) {
 
 RopeTable make_rope_table(const at::Tensor& positions, const RopeFrequencies& rope) {
   // [B, S, Dr/2] angles in float64.
-  at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * rope.inv_freq.to(positions.device());
+  // inv_freq is host data: it reaches the positions' device without a host synchronisation.
+  at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * host_to_device(rope.inv_freq, positions.device());
   return {angles.cos() * rope.magnitude, angles.sin() * rope.magnitude, rope.lanes};
 }
 

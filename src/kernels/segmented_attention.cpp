@@ -36,7 +36,7 @@ SegmentedAttention::SegmentedAttention(const at::Tensor& k, const at::Tensor& v,
       structure_(std::move(structure)),
       rows_(rows),
       options_(options),
-      autocast_(compat::AutocastSnapshot::capture()) {
+      autocast_(compat::AutocastSnapshot::capture(c10::DeviceType::CPU)) {  // the CPU blockwise kernel's rows
   MLACP_REQUIRE(k.dim() == 4 && v.dim() == 4 && structure_.query_token_index.defined() &&
                     structure_.query_token_index.size(0) == rows,
                 kWhat, "k and v must be [B,H,Sk,D] and the structure must describe every query row",

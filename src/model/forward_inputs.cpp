@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/device.h"
 #include "core/format.h"
 #include "mlacp/errors.h"
 
@@ -57,13 +58,15 @@ at::Tensor resolve_mask(const at::Tensor& mask, const at::Tensor& hidden, int64_
 }
 
 // Positions of the local tokens: given ([S_l] or [B|1, S_l]) or derived from the global token
-// index (document-relative when packed).
+// index (document-relative when packed). Derived positions are made on the host and reach the
+// device without a host synchronisation. The value checks of given positions (>= 0, agreement
+// with document_ends) read them: on the CPU they run; on a device they would synchronise the
+// host inside the step, so there the positions are taken as given (docs/DESIGN.md §16).
 at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, const std::vector<int64_t>* ends,
                              const at::Tensor& local_tokens) {
   const int64_t batch = hidden.size(0), seq = hidden.size(1);
-  auto long_opts = at::TensorOptions().dtype(at::kLong).device(hidden.device());
-  at::Tensor derived = ends ? packed_positions(*ends, long_opts).index_select(0, local_tokens) : local_tokens;  // [S_l]
-  derived = derived.unsqueeze(0).expand({batch, seq});
+  at::Tensor derived = ends ? packed_positions(*ends).index_select(0, local_tokens) : local_tokens;  // [S_l], host
+  derived = host_to_device(derived, hidden.device()).unsqueeze(0).expand({batch, seq});
   if (!ids.defined()) return derived.contiguous();
   MLACP_REQUIRE(!ids.requires_grad(), kWhat, "position_ids must not require grad", {got("requires_grad", true)},
           "pass positions as a constant integer tensor");
@@ -78,6 +81,8 @@ at::Tensor resolve_positions(const at::Tensor& ids, const at::Tensor& hidden, co
           {got("position_ids.shape", shape_text(ids)), got("B", batch), got("S", seq)},
           "one position per token");
   at::Tensor positions = (ids.dim() == 1 ? ids.unsqueeze(0) : ids).to(at::kLong).expand({batch, seq}).contiguous();
+  // device: value checks read the positions: on the host only
+  if (!positions.device().is_cpu()) return positions;
   MLACP_REQUIRE(positions.min().item<int64_t>() >= 0, kWhat, "position_ids must be >= 0",
           {got("min", positions.min().item<int64_t>())}, "positions count from 0");
   if (ends) {
@@ -131,7 +136,7 @@ std::vector<int64_t> normalize_document_ends(const std::vector<int64_t>& ends, i
   return out;
 }
 
-at::Tensor packed_positions(const std::vector<int64_t>& ends, const at::TensorOptions& options) {
+at::Tensor packed_positions(const std::vector<int64_t>& ends) {
   std::vector<int64_t> positions;
   positions.reserve(ends.back());
   int64_t start = 0;
@@ -139,7 +144,7 @@ at::Tensor packed_positions(const std::vector<int64_t>& ends, const at::TensorOp
     for (int64_t t = start; t < end; ++t) positions.push_back(t - start);
     start = end;
   }
-  return at::tensor(positions, at::TensorOptions().dtype(at::kLong)).to(options.device());
+  return at::tensor(positions, at::TensorOptions().dtype(at::kLong));
 }
 
 ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor& hidden,
@@ -198,9 +203,9 @@ ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor
               {got("document_ends", *ends), got("key_document_ends", key_ends)},
               "self-attention shares one packing; pass document_ends only");
     }
-    r.document_ends = at::tensor(*ends, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
+    r.document_ends = at::tensor(*ends, at::TensorOptions().dtype(at::kLong));  // host metadata
   }
-  r.local_tokens = at::tensor(local_tokens, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
+  r.local_tokens = at::tensor(local_tokens, at::TensorOptions().dtype(at::kLong));  // host metadata
   r.mask = resolve_mask(o.attention_mask, hidden, seq, ends.has_value());
   r.rope_positions = resolve_positions(o.position_ids, hidden, ends ? &*ends : nullptr, r.local_tokens);
   if (o.position_embeddings) {

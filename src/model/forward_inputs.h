@@ -22,7 +22,7 @@ ResolvedForward resolve_forward_inputs(const MlaConfig& config, const at::Tensor
 std::vector<int64_t> normalize_document_ends(const std::vector<int64_t>& ends, int64_t token_count,
                                              const std::string& name);
 
-// Document-relative positions for packed sequences: [S] int64.
-at::Tensor packed_positions(const std::vector<int64_t>& document_ends, const at::TensorOptions& options);
+// Document-relative positions for packed sequences: [S] int64 on the CPU.
+at::Tensor packed_positions(const std::vector<int64_t>& document_ends);
 
 }  // namespace mlacp

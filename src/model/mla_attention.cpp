@@ -148,7 +148,14 @@ ResolvedForward MlaLayer::resolve(const MlaAttentionImpl& m, const at::Tensor& h
   return resolve_forward_inputs(m.config_, hidden, options, m.is_training());
 }
 
+void MlaLayer::check_device(const MlaAttentionImpl& m, const at::Tensor& hidden) {
+  MLACP_REQUIRE(!hidden.defined() || hidden.device() == m.o_proj->weight.device(), "MLA forward",
+                "hidden states must be on the module's device", {got("hidden.device", hidden.device()),
+                got("module.device", m.o_proj->weight.device())}, "move the input (or the module) with .to()");
+}
+
 at::Tensor MlaAttentionImpl::forward(const at::Tensor& hidden, const MlaForwardOptions& options) {
+  MlaLayer::check_device(*this, hidden);
   if (core_) return core_->forward(*this, hidden, options);
   const ResolvedForward resolved = MlaLayer::resolve(*this, hidden, options);
   const LocalLatents latents = MlaLayer::compute_latents(*this, hidden);
@@ -305,7 +312,7 @@ at::Tensor MlaLayer::single_device_core(MlaAttentionImpl& m, const LocalLatents&
   AttentionStructure structure;
   structure.causal = r.causal;
   structure.query_token_index = r.local_tokens;
-  structure.key_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong).device(query.device()));
+  structure.key_token_index = at::arange(r.seq_len, at::TensorOptions().dtype(at::kLong));  // host metadata
   structure.document_ends = r.document_ends;
   structure.mask = r.mask;
   at::Tensor out = attend(m.kernel_, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), m.scaling_,

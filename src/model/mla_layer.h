@@ -30,6 +30,8 @@ class AttentionCore {
 
 struct MlaLayer {
   static ResolvedForward resolve(const MlaAttentionImpl& m, const at::Tensor& hidden, const MlaForwardOptions& options);
+  // The input is on the module's device (an mlacp error before any work, not LibTorch's).
+  static void check_device(const MlaAttentionImpl& m, const at::Tensor& hidden);
   static LocalLatents compute_latents(MlaAttentionImpl& m, const at::Tensor& hidden);
   // [B, S, Rq|d] -> [B, S, H, Dqk], RoPE applied to the last Dr lanes
   static at::Tensor expand_query(MlaAttentionImpl& m, const at::Tensor& query_latent, const RopeTable& rope);

@@ -39,13 +39,22 @@ CpPartition parse_partition(const std::string& name) {
        "head_tail balances causal attention across ranks");
 }
 
-std::string kernel_name(AttentionKernel k) { return k == AttentionKernel::blockwise ? "blockwise" : "reference"; }
+std::string kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::blockwise: return "blockwise";
+    case AttentionKernel::reference: return "reference";
+    case AttentionKernel::pieces: return "pieces";
+  }
+  return "?";
+}
 
 AttentionKernel parse_kernel(const std::string& name) {
   if (name == "blockwise") return AttentionKernel::blockwise;
   if (name == "reference" || name == "naive") return AttentionKernel::reference;  // "naive": the old spelling
-  fail(kWhat, "attention kernel must be blockwise or reference", {got("kernel", name)},
-       "blockwise never materialises S x S scores; reference (alias naive) is the oracle with S x S scores");
+  if (name == "pieces") return AttentionKernel::pieces;
+  fail(kWhat, "attention kernel must be blockwise, reference or pieces", {got("kernel", name)},
+       "blockwise never materialises S x S scores; reference (alias naive) is the oracle with S x S scores; "
+       "pieces is the varlen-piece path of CUDA tensors (on the CPU a reference varlen kernel, for checking)");
 }
 
 CpPlan::CpPlan(const CpPlanSpec& spec) : spec_(spec) {

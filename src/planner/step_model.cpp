@@ -240,7 +240,10 @@ CandidatePrediction predict_step(const CpPlan& plan, const PlanRequest& request)
         {"gate_proj", gate},             {"gate_proj_backward", 2 * gate},    {"build_k", 0.0},
         {"build_k_backward", 0.0},
         {"attention_own_rows", group_pairs > 0 ? attention_forward_s * own_pairs / group_pairs : 0.0}};
-    for (const OverlappedTransfer& declared : overlapped_transfers(plan, c)) {
+    // CPU hosts (cores per node) run the blockwise kernel's own-rows split; devices do not.
+    // device: CPU hosts run the blockwise kernel's own-rows split
+    const c10::DeviceType device = hw.cores_per_node > 0 ? c10::DeviceType::CPU : c10::DeviceType::CUDA;
+    for (const OverlappedTransfer& declared : overlapped_transfers(plan, c, device)) {
       const std::string name = transfer_name(declared.transfer);
       auto t = std::find_if(out.transfers.begin(), out.transfers.end(),
                             [&](const TransferPrediction& x) { return x.name == name; });

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/device.h"
 #include "core/format.h"
 #include "mlacp/errors.h"
 #include "model/forward_inputs.h"
@@ -12,14 +13,12 @@ namespace {
 
 constexpr const char* kWhat = "CP forward";
 
-at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
-}
+at::Tensor index_tensor(const std::vector<int64_t>& v) { return at::tensor(v, at::TensorOptions().dtype(at::kLong)); }
 
 // The rows of this rank's attention: query rows = the tokens of its Ulysses block (the U CP ranks
-// of its all-gather row, in exchange order), key rows = all tokens in gather order.
-AttentionStructure attention_rows(const CpPlan& plan, int64_t cp_rank, int64_t seq_len, const ResolvedForward& r,
-                                  const at::Device& device) {
+// of its all-gather row, in exchange order), key rows = all tokens in gather order. The token
+// indices are host metadata (CPU); a mask's rows are taken on its own device.
+AttentionStructure attention_rows(const CpPlan& plan, int64_t cp_rank, int64_t seq_len, const ResolvedForward& r) {
   const int64_t p = plan.cp(), u = plan.ulysses(), a = plan.all_gather_rank(cp_rank);
   std::vector<int64_t> query, key;
   for (int64_t rank = 0; rank < p; ++rank) {
@@ -29,17 +28,21 @@ AttentionStructure attention_rows(const CpPlan& plan, int64_t cp_rank, int64_t s
   }
   AttentionStructure s;
   s.causal = r.causal;
-  s.query_token_index = index_tensor(query, device);  // [U*S_l]
-  s.key_token_index = index_tensor(key, device);      // [S]
+  s.query_token_index = index_tensor(query);  // [U*S_l]
+  s.key_token_index = index_tensor(key);      // [S]
   s.document_ends = r.document_ends;
-  if (r.mask.defined()) s.mask = r.mask.index_select(2, s.query_token_index).index_select(3, s.key_token_index);
+  if (r.mask.defined()) {
+    const c10::Device device = r.mask.device();
+    s.mask = r.mask.index_select(2, host_to_device(s.query_token_index, device))
+                 .index_select(3, host_to_device(s.key_token_index, device));
+  }
   return s;
 }
 
 }  // namespace
 
-CpAttentionCore::CpAttentionCore(CpPlan plan, ParallelGroups groups, const MlaConfig& config)
-    : plan_(std::move(plan)), groups_(std::move(groups)), schedule_(make_schedule(plan_, config)) {}
+CpAttentionCore::CpAttentionCore(CpPlan plan, ParallelGroups groups, const MlaConfig& config, c10::DeviceType device)
+    : plan_(std::move(plan)), groups_(std::move(groups)), schedule_(make_schedule(plan_, config, device)) {}
 
 std::string CpAttentionCore::describe() const { return "context parallel (" + schedule_->name() + "): " + plan_.to_json(); }
 
@@ -60,7 +63,7 @@ at::Tensor CpAttentionCore::forward(MlaAttentionImpl& m, const at::Tensor& hidde
   step.latents = MlaLayer::compute_latents(m, step.hidden);
   step.rope = MlaLayer::rope_table(m, r);
   step.key_rope = MlaLayer::rotate_key(step.latents.key_rope_raw, step.rope);  // [B,S_l,Dr]
-  step.structure = attention_rows(plan_, groups_.cp_rank, seq_len, r, hidden.device());
+  step.structure = attention_rows(plan_, groups_.cp_rank, seq_len, r);
   step.batch = batch;
   step.local_len = local_len;
   const ScheduleContext ctx{m, plan_, groups_};

@@ -15,7 +15,7 @@ namespace mlacp {
 
 class CpAttentionCore : public AttentionCore {
  public:
-  CpAttentionCore(CpPlan plan, ParallelGroups groups, const MlaConfig& config);
+  CpAttentionCore(CpPlan plan, ParallelGroups groups, const MlaConfig& config, c10::DeviceType device);
   at::Tensor forward(MlaAttentionImpl& module, const at::Tensor& hidden, const MlaForwardOptions& options) override;
   std::string describe() const override;
   const CpPlan& plan() const { return plan_; }

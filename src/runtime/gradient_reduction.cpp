@@ -21,8 +21,14 @@ void reduce_gradients(const torch::OrderedDict<std::string, at::Tensor>& paramet
     if (!skips_tp_reduction(item.key())) replicated.push_back(grad);
   }
   // The set of parameters with gradients must agree across ranks, or the buckets would not match.
+  // On a device the comparison reads a device tensor on the host (a synchronisation inside the
+  // step), so there it runs at the first reduction of a set of groups only (every rank reaches
+  // its first reduction together); on the CPU it runs every time (docs/DESIGN.md §16).
+  // device: a device comparison synchronises the host: once per group set
+  const bool compare = groups.cp.device().is_cpu() || groups.cp.first_time("gradient pattern");
   const uint64_t hash = fnv1a64(present);
   for (const CommGroup* group : {&groups.cp, &groups.dp, &groups.tp}) {
+    if (!compare) break;
     for (uint64_t other : all_gather_u64(*group, hash)) {
       MLACP_REQUIRE(other == hash, "gradient reduction", "ranks disagree on which parameters have gradients",
                     {got("group", group->name()), got("this_rank_pattern", present)},

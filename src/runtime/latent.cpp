@@ -45,7 +45,9 @@ class RowSplitAttention {
   RowSplitAttention(const ScheduleContext& ctx, const LocalStep& step, const at::Tensor& key, const at::Tensor& value)
       : ctx_(ctx), step_(step), key_(key), value_(value) {}
   void start(const at::Tensor& query_local) {
-    if (ctx_.plan.kernel() != AttentionKernel::blockwise) return;
+    // Row segments are the CPU blockwise kernel's; on a GPU the stream overlaps the exchange instead.
+    // device: row segments are the CPU blockwise kernel's
+    if (ctx_.plan.kernel() != AttentionKernel::blockwise || !key_.device().is_cpu()) return;
     const int64_t local_len = query_local.size(1), rows = ctx_.groups.ulysses.size() * local_len;
     const int64_t u = ctx_.plan.ulysses_rank(ctx_.groups.cp_rank), heads = ctx_.plan.head_block_size();
     segmented_ = std::make_unique<SegmentedAttention>(key_.transpose(1, 2), value_.transpose(1, 2),
@@ -183,7 +185,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   inputs.push_back(weight);
   if (has_bias) inputs.push_back(bias);
   const SavedForBackward saved({latent_all, weight.detach()}, {"gathered latent", "kv_b_proj.weight"});
-  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture();
+  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture(latent_all.device().type());
   const bool needs_query = query_stage->requires_grad();
   const size_t query_inputs = query_stage->inputs().size();
   const std::vector<int64_t> projected_shape = projected.sizes().vec(), shared_shape = shared_all.sizes().vec();

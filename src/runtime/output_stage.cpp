@@ -73,7 +73,7 @@ at::Tensor overlapped_output(const ScheduleContext& ctx, const LocalStep& step, 
   const bool needs_bias = has_bias && bias.requires_grad(), needs_gate = has_gate && gate.requires_grad();
   const SavedForBackward saved({restored, has_gate ? gate.detach() : at::Tensor(), weight.detach(), projected},
                                {"restored output", "gate", "o_proj.weight", "gated output"});
-  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture();
+  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture(restored.device().type());
   const int64_t heads = ctx.plan.local_heads(), dv = ctx.plan.dims().value_dim;
   const std::vector<int64_t> attention_shape = attention.sizes().vec();
   BackwardFn backward = [=](std::vector<at::Tensor> g) -> std::vector<at::Tensor> {

@@ -82,11 +82,23 @@ void install_context_parallel(MlaAttention& module, const CpPlan& plan, const Pa
   MLACP_REQUIRE(module->local_heads() == h, kWhat, "module heads must equal the plan's TP-local heads",
                 {got("module.local_heads", module->local_heads()), got("plan.local_heads", h)},
                 "apply TP sharding first (module->shard_heads_for_tp(tp_rank, tp))");
+  // The groups move the module's tensors: they must live where the groups' backend expects them.
+  const c10::Device device = module->o_proj->weight.device();
+  for (const CommGroup* group : {&groups.cp, &groups.tp, &groups.ulysses, &groups.all_gather}) {
+    if (!group->defined() || group->size() == 1) continue;
+    const bool same = group->device().type() == device.type() &&
+                      (!group->device().has_index() || !device.has_index() || group->device() == device);
+    MLACP_REQUIRE(same, kWhat, "the process groups must move tensors on the module's device",
+                  {got("group", group->name()), got("group.device", group->device()),
+                   got("group.backend", group->backend_name()), got("module.device", device)},
+                  "create the groups with GroupOptions::device set to the module's device (--device), or move the "
+                  "module to the groups' device");
+  }
 
   // First collectives: every rank must hold the same plan.
   compare_fingerprints(groups.cp, "CP", plan.fingerprint());
   compare_fingerprints(groups.tp, "TP", plan.fingerprint());
-  MlaLayer::install_core(*module, std::make_shared<CpAttentionCore>(plan, groups, c));
+  MlaLayer::install_core(*module, std::make_shared<CpAttentionCore>(plan, groups, c, device.type()));
 }
 
 CpPlan parallelize(MlaAttention& module, const ParallelGroups& groups, const CpOptions& options) {

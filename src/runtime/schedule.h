@@ -50,7 +50,8 @@ class CpSchedule {
   virtual std::string name() const = 0;
 };
 
-std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& config);
+// `device`: where the module's tensors live (the schedule's row split follows the kernel there).
+std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& config, c10::DeviceType device);
 
 // --- steps several schedules share (schedule.cpp) ---
 // q_b_proj+RoPE of this rank's tokens [B,S_l,H,Dqk] as a Stage (the overlapped forms), span

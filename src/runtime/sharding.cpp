@@ -3,14 +3,16 @@
 
 #include <ATen/ATen.h>
 
+#include "core/device.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
 
 namespace mlacp {
 namespace {
 
+// Host-made indices on the tensor's device, without synchronising the host.
 at::Tensor indices(const std::vector<int64_t>& v, const at::Device& device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+  return host_to_device(at::tensor(v, at::TensorOptions().dtype(at::kLong)), device);
 }
 
 // Token order of the concatenated shards of ranks 0..P-1, and its inverse.

@@ -169,6 +169,7 @@ DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, at::ScalarType dtype, 
 }
 
 void DecoderLmImpl::initialise(uint64_t seed) {
+  // device: initialised on the host: the same values on every rank and device
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + 29);
   const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
   at::NoGradGuard no_grad;

@@ -16,6 +16,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include "core/compat.h"
+#include "core/device.h"
 #include "core/format.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
@@ -82,6 +83,8 @@ std::string TrainConfig::describe() const {
       << " lr=" << optimizer.lr << " warmup=" << optimizer.warmup_steps << " clip=" << optimizer.grad_clip
       << " wd=" << optimizer.weight_decay << " seed=" << seed;
   if (!hf_checkpoint.empty()) out << " | hf_checkpoint=" << hf_checkpoint;
+  // device: the CPU is the default and is not named
+  if (!device.is_cpu()) out << " | device=" << device.type();
   return out.str();
 }
 
@@ -348,6 +351,7 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
   const at::ScalarType param_dtype = config_.dtype == at::kBFloat16 ? at::kFloat : config_.dtype;
   model_ = DecoderLm(config_.model, param_dtype, config_.seed);  // same values on every rank
   if (prepared.hf_checkpoint) hf_init_ = load_hf_decoder_checkpoint(model_, *prepared.hf_checkpoint);  // before TP
+  model_->to(config_.device);  // initialised on the host (the same values everywhere), trained on the device
   if (m.cp > 1 || m.tp > 1) model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap});
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -369,13 +373,16 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
 at::Tensor Trainer::forward_backward(const LocalBatch& local) {
   const bool bf16 = config_.dtype == at::kBFloat16;
   const at::ScalarType loss_dtype = config_.dtype == at::kDouble ? at::kDouble : at::kFloat;
+  // The batch reaches the device from pinned memory, without a host synchronisation.
+  const at::Tensor tokens = host_to_device(local.tokens, config_.device);
+  const at::Tensor labels = host_to_device(local.labels, config_.device);
   at::Tensor loss;
   {
     std::unique_ptr<compat::AutocastGuard> autocast;
-    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(c10::DeviceType::CPU, true, at::kBFloat16);
-    at::Tensor logits = model_->forward(local.tokens, local.document_ends);  // [b, S_l, V]
+    if (bf16) autocast = std::make_unique<compat::AutocastGuard>(config_.device.type(), true, at::kBFloat16);
+    at::Tensor logits = model_->forward(tokens, local.document_ends);  // [b, S_l, V]
     at::Tensor token_losses_sum =
-        at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(loss_dtype), local.labels.reshape({-1}), {},
+        at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(loss_dtype), labels.reshape({-1}), {},
                                at::Reduction::Sum, kIgnoreLabel);
     loss = token_losses_sum / static_cast<double>(local.global_label_count);  // docs/DESIGN.md §7: global normaliser
   }
@@ -383,10 +390,12 @@ at::Tensor Trainer::forward_backward(const LocalBatch& local) {
   return loss.detach();
 }
 
-double Trainer::clip_gradients() {
+at::Tensor Trainer::clip_gradients() {
   at::NoGradGuard no_grad;
-  // Squared norms in float64: [parameters whole on every rank, parameters split over TP].
-  at::Tensor squares = at::zeros({2}, at::kDouble);
+  // Squared norms in float64 on the parameters' device: [parameters whole on every rank,
+  // parameters split over TP]. Nothing is read on the host here: the clip factor is applied as a
+  // tensor (a GPU step never waits for it), the norm is read with the loss after the step.
+  at::Tensor squares = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(config_.device));
   for (const auto& item : model_->named_parameters()) {
     const at::Tensor& g = item.value().grad();
     if (g.defined()) squares[DecoderLmImpl::is_tp_split(item.key()) ? 1 : 0] += g.to(at::kDouble).pow(2).sum();
@@ -395,12 +404,18 @@ double Trainer::clip_gradients() {
     at::Tensor split = launch_all_reduce_sum(groups_.tp, squares.narrow(0, 1, 1), "grad_norm").wait_one();
     squares.narrow(0, 1, 1).copy_(split);
   }
-  const double norm = std::sqrt(squares.sum().item<double>());
+  const at::Tensor norm = squares.sum().sqrt();
   const double max_norm = config_.optimizer.grad_clip;
-  if (max_norm > 0.0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    for (auto& p : model_->parameters())
-      if (p.grad().defined()) p.grad().mul_(scale);
+  if (max_norm > 0.0) {
+    // scale = max_norm / (norm + 1e-6) where norm > max_norm, else 1 (as before, now without a branch on the host)
+    const at::Tensor scale = at::where(norm > max_norm, max_norm / (norm + 1e-6), at::ones_like(norm));
+    std::map<at::ScalarType, at::Tensor> scale_in;  // the factor in each gradient dtype, cast once
+    for (auto& p : model_->parameters()) {
+      if (!p.grad().defined()) continue;
+      at::Tensor& s = scale_in[p.grad().scalar_type()];
+      if (!s.defined()) s = scale.to(p.grad().scalar_type());
+      p.grad().mul_(s);
+    }
   }
   return norm;
 }
@@ -417,14 +432,18 @@ StepRecord Trainer::step(const std::function<void(const StepRecord&)>& recorded)
   optimizer_->zero_grad();
   at::Tensor loss = forward_backward(local);
   reduce_gradients(model_->named_parameters(), groups_, &DecoderLmImpl::skips_tp_reduction);  // docs/DESIGN.md §7
-  r.grad_norm = clip_gradients();
+  const at::Tensor grad_norm = clip_gradients();
   r.lr = config_.optimizer.lr_at(r.step);
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
   optimizer_->step();
   at::Tensor global_loss = loss.to(at::kDouble).reshape({1});
   for (const CommGroup* g : {&groups_.cp, &groups_.dp})
     if (g->size() > 1) global_loss = launch_all_reduce_sum(*g, global_loss, "loss").wait_one();
-  r.loss = global_loss.item<double>();
+  // The step is enqueued; its two numbers are read on the host once, here, after the optimizer.
+  // device: the step's two numbers, read once after the optimizer
+  const at::Tensor numbers = at::cat({global_loss, grad_norm.reshape({1})}).cpu();
+  r.loss = numbers[0].item<double>();
+  r.grad_norm = numbers[1].item<double>();
   // Every rank holds the same all-reduced loss and global gradient norm: all stop alike, before
   // a checkpoint of non-finite weights could be written.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
@@ -523,7 +542,7 @@ void Trainer::load_checkpoint(const CheckpointMeta& meta) {
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   at::Tensor step, position;
   try {
-    archive.load_from(file);
+    archive.load_from(file, config_.device);  // a checkpoint resumes on any device
     archive.read("step", step);
     archive.read("data_position", position);
     archive.read("model", model_archive);

@@ -51,6 +51,10 @@ struct TrainConfig {
   CpPartition partition = CpPartition::head_tail;
   bool overlap = false;
   at::ScalarType dtype = at::kFloat;  // kDouble, kFloat, or kBFloat16 (float32 parameters, bf16 autocast)
+  // Where the model, the batches and the optimizer state live (this rank's GPU for --device cuda;
+  // the groups must move tensors there). bf16 autocast runs on this device's type.
+  // device: the default; mlacp train --device sets the rank's
+  c10::Device device{c10::DeviceType::CPU};
   int64_t seq_len = 256;              // global packed sequence length S
   int64_t batch = 1;                  // packed sequences per step (global; split over DP)
   int64_t steps = 50;                 // the run ends after this step (a resumed run continues to it)
@@ -172,7 +176,7 @@ class Trainer {
 
  private:
   at::Tensor forward_backward(const LocalBatch& local);
-  double clip_gradients();
+  at::Tensor clip_gradients();  // the global norm before clipping, on the device
   void load_checkpoint(const CheckpointMeta& meta);
 
   TrainConfig config_;

@@ -47,6 +47,10 @@ TEST_P(CpMatrix, EveryCheckPasses) {
 
 INSTANTIATE_TEST_SUITE_P(Exactness, CpMatrix, ::testing::ValuesIn(exactness_cp_cases()),
                          [](const ::testing::TestParamInfo<CpCase>& info) { return test_name_of(info.param.name); });
+// Every structure of the matrix again through the varlen pieces: the CUDA path's planning, gathers
+// and log-sum-exp combination on real ranks, on the CPU (docs/DESIGN.md §16).
+INSTANTIATE_TEST_SUITE_P(Pieces, CpMatrix, ::testing::ValuesIn(pieces_cp_cases()),
+                         [](const ::testing::TestParamInfo<CpCase>& info) { return test_name_of(info.param.name); });
 
 }  // namespace
 }  // namespace mlacp

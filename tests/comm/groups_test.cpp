@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/timeline.h"
 #include "support/error_of.h"
 #include "mlacp/comm.h"
 #include "mlacp/errors.h"
@@ -91,6 +92,59 @@ TEST(MeshShapeCheck, GroupCreationRejectsABadShapeBeforeAnyRendezvous) {
   const std::string m2 = error_of([&] { create_parallel_groups(w, mesh(1, 4, 1, 3), GroupOptions{}); });
   EXPECT_TRUE(contains(m2, "ulysses=3")) << m2;
   ::unlink(path.c_str());
+}
+
+// --- the device and backend of the groups (docs/DESIGN.md §16) -------------------------------
+TEST(GroupDevice, BackendRulesFireBeforeAnyRendezvous) {
+  // Rank 0 of 2 alone: a rendezvous would wait for the missing rank; each rule must fire first.
+  const std::string path = "/tmp/mlacp_groups_test_device_" + std::to_string(::getpid());
+  WorldInfo w;
+  w.rank = 0;
+  w.size = 2;
+  GroupOptions nccl_on_cpu;
+  nccl_on_cpu.backend = CommBackend::nccl;
+  const std::string m = error_of([&] { create_parallel_groups_file(path, w, mesh(1, 2, 1), nccl_on_cpu); });
+  EXPECT_TRUE(contains(m, "NCCL moves CUDA tensors only") && contains(m, "backend=nccl")) << m;
+  GroupOptions link_on_gpu;
+  link_on_gpu.device = c10::Device(c10::DeviceType::CUDA, 0);
+  link_on_gpu.link.bandwidth_bytes_per_second = 1e9;
+  const std::string m2 = error_of([&] { create_parallel_groups_file(path, w, mesh(1, 2, 1), link_on_gpu); });
+  EXPECT_TRUE(contains(m2, "emulated link") && contains(m2, "device=cuda:0")) << m2;
+  GroupOptions on_meta;
+  on_meta.device = c10::Device(c10::DeviceType::Meta);
+  const std::string m3 = error_of([&] { create_parallel_groups_file(path, w, mesh(1, 2, 1), on_meta); });
+  EXPECT_TRUE(contains(m3, "CPU or CUDA tensors") && contains(m3, "device=meta")) << m3;
+#ifndef USE_C10D_NCCL
+  GroupOptions cuda;  // automatic backend: NCCL, which this LibTorch lacks
+  cuda.device = c10::Device(c10::DeviceType::CUDA, 0);
+  const std::string m4 = error_of([&] { create_parallel_groups_file(path, w, mesh(1, 2, 1), cuda); });
+  EXPECT_TRUE(contains(m4, "c10d NCCL") && contains(m4, "--backend gloo")) << m4;
+#endif
+  ::unlink(path.c_str());
+}
+
+TEST(GroupDevice, BackendNamesParseAndUnknownOnesAreNamed) {
+  EXPECT_EQ(parse_comm_backend("auto"), CommBackend::automatic);
+  EXPECT_EQ(parse_comm_backend("gloo"), CommBackend::gloo);
+  EXPECT_EQ(parse_comm_backend("nccl"), CommBackend::nccl);
+  for (CommBackend b : {CommBackend::automatic, CommBackend::gloo, CommBackend::nccl})
+    EXPECT_EQ(parse_comm_backend(comm_backend_name(b)), b);
+  const std::string m = error_of([] { parse_comm_backend("mpi"); });
+  EXPECT_TRUE(contains(m, "auto, gloo or nccl") && contains(m, "backend=mpi")) << m;
+}
+
+TEST(GroupDevice, CpuGroupsAreGlooOnTheCpuAndControlValuesCrossThere) {
+  EXPECT_TRUE(run_ranks(2, [](int rank, int world, const std::string& store) {
+    GroupOptions options;
+    options.timeout = std::chrono::seconds(20);
+    ParallelGroups g = make_groups(rank, world, store, mesh(1, 2, 1), options);
+    EXPECT_EQ(g.cp.device(), c10::Device(c10::DeviceType::CPU));
+    EXPECT_EQ(g.cp.backend_name(), "gloo");
+    EXPECT_EQ(g.tp.backend_name(), "none");  // a group of size 1 has no backend
+    EXPECT_FALSE(g.instruments.timeline->device_timed());
+    EXPECT_EQ(all_reduce_max(g.cp, {static_cast<double>(rank)}), std::vector<double>{1.0});
+    EXPECT_EQ(all_gather_u64(g.cp, 40 + rank), (std::vector<uint64_t>{40, 41}));
+  }));
 }
 
 // --- world_from_env --------------------------------------------------------------------------

@@ -87,7 +87,7 @@ TEST(Planner, EverySpanASchedulesDeclaresIsModelledAndOverlapOnlyHides) {
       const CandidatePrediction plain = predict_step(CpPlan(off), r);
       EXPECT_LE(p.step_s, plain.step_s * (1 + 1e-12)) << plan.to_text();
       EXPECT_DOUBLE_EQ(p.bytes_per_rank, plain.bytes_per_rank) << plan.to_text();  // the same bytes, split differently
-      if (plan.overlap() && plan.cp() > 1 && !overlapped_transfers(plan, test_config(gate)).empty())
+      if (plan.overlap() && plan.cp() > 1 && !overlapped_transfers(plan, test_config(gate), c10::DeviceType::CPU).empty())
         EXPECT_LT(p.exposed_comm_s, plain.exposed_comm_s) << plan.to_text();
     }
 }

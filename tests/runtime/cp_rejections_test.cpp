@@ -3,6 +3,7 @@
 // no call at all: a collective would block until the timeout; the error must come at once.
 #include <chrono>
 #include <functional>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -55,6 +56,11 @@ std::vector<BadCall> bad_calls() {
                    {"3-D", "shape=[4, 12]"}});
   calls.push_back({"hidden size", [](MlaAttention& m, int64_t) { m->forward(local_hidden(4, 1, 10)); },
                    {"hidden_size", "hidden.size(-1)=10"}});
+  calls.push_back({"hidden on another device than the module",
+                   [](MlaAttention& m, int64_t) {
+                     m->forward(at::empty({1, 4, 12}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta)));
+                   },
+                   {"module's device", "hidden.device=meta", "module.device=cpu"}});
   calls.push_back({"document ends not at the global token count",
                    [](MlaAttention& m, int64_t) {
                      MlaForwardOptions o;
@@ -189,6 +195,31 @@ TEST(CpInstall, RejectsInstallingTwiceAndKeepsTheParameters) {
     // Gradients land in the original parameter objects.
     m->forward(at::randn({1, 4, 12}, at::kDouble)).sum().backward();
     for (const auto& p : before) EXPECT_TRUE(p.grad().defined());
+  }));
+}
+
+TEST(CpInstall, RejectsGroupsOnAnotherDeviceThanTheModule) {
+  // CPU (Gloo) groups and a module elsewhere: rejected at install, before the fingerprints cross.
+  EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
+    GroupOptions options;
+    options.timeout = std::chrono::seconds(20);
+    ParallelGroups groups = test::make_groups(rank, world, store, MeshShape{1, 2, 1, 0}, options);
+    MlaAttention m(preset_config("tiny"), at::TensorOptions().dtype(at::kDouble));
+    std::map<std::string, at::Tensor> elsewhere;  // the module's parameters on another device
+    for (const auto& item : m->named_parameters())
+      elsewhere[item.key()] = at::empty(item.value().sizes(), item.value().options().device(at::kMeta));
+    m->adopt_parameters(elsewhere);
+    const auto start = Clock::now();
+    try {
+      if (rank == 0) parallelize(m, groups, {CpStrategy::latent_kv_head, CpPartition::contiguous, false});
+      if (rank == 0) ADD_FAILURE() << "groups on another device were accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("must move tensors on the module's device"));
+      EXPECT_THAT(e.what(), HasSubstr("group.backend=gloo"));
+      EXPECT_THAT(e.what(), HasSubstr("module.device=meta"));
+    }
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.0);  // no collective reached
+    barrier(groups.world);
   }));
 }
 

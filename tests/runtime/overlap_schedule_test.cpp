@@ -41,7 +41,7 @@ void expect_in_order(const std::vector<std::string>& order, const std::vector<st
 // Each transfer the schedule declares overlapped is launched before, and waited after, every
 // computation it declares to sit under.
 void expect_declared_overlaps(const std::vector<std::string>& order, const CpPlan& plan, const MlaConfig& config) {
-  const std::vector<OverlappedTransfer> declared = overlapped_transfers(plan, config);
+  const std::vector<OverlappedTransfer> declared = overlapped_transfers(plan, config, c10::DeviceType::CPU);
   EXPECT_FALSE(declared.empty());
   for (const OverlappedTransfer& t : declared) {
     const std::string name = transfer_name(t.transfer);

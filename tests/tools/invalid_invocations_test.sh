@@ -45,6 +45,15 @@ row "the --reference log holds no step" train --nproc 2 --steps 1 --reference "$
 row "the config must be a regular file" verify --nproc 2 --config /dev/zero
 row "--threads" --threads 100000 info --skip-gemm
 row "--layers" train --nproc 2 --layers 100000000 --steps 1
+# --device / --backend (docs/DESIGN.md §16): this machine has no GPU, and NCCL moves CUDA tensors only.
+row "--device cuda needs a visible CUDA GPU" verify --nproc 2 --device cuda
+row "--device cuda needs a visible CUDA GPU" train --nproc 2 --steps 1 --seq 64 --device cuda
+row "--device cuda needs a visible CUDA GPU" bench --nproc 2 --steps 1 --device cuda --backend gloo
+row "NCCL moves CUDA tensors only" train --nproc 2 --steps 1 --seq 64 --backend nccl
+row "NCCL moves CUDA tensors only" verify --nproc 2 --backend nccl
+row "--single-device checks the CPU reference against itself" verify --single-device --device cuda
+row "--device" verify --nproc 2 --device tpu
+row "--backend" bench --nproc 2 --backend mpi
 # Runs whose memory estimate exceeds the host (or --memory-limit): rejected before any allocation.
 row "the run's memory estimate exceeds the limit" verify --nproc 1 --seq 16384
 row "the run's memory estimate exceeds the limit" verify --nproc 2 --heads 100000000
