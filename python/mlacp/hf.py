@@ -24,10 +24,24 @@ import torch.distributed as dist
 
 from . import STRATEGIES, ContextParallelGroups, _C, _check_partition, _error, _planned_choice, shard_sequence, unshard_sequence
 
-__all__ = ["parallelize_model", "CpModel", "ATTENTION_CLASSES"]
+__all__ = ["parallelize_model", "CpModel", "GlobalPositions", "ATTENTION_CLASSES"]
 
 ATTENTION_CLASSES = ("DeepseekV3Attention", "DeepseekV2Attention")
 _WHAT = "HuggingFace model"
+
+
+@dataclass
+class GlobalPositions:
+    """What :meth:`CpModel.shard_inputs` found in the global positions, handed to the model's
+    forward as ``mlacp_positions`` (no collective, no read of a device there)."""
+
+    positions: torch.Tensor  # global [B|1, S], as given to shard_inputs
+    document_ends: List[int]  # exclusive ends of packed documents; [] for one document per row
+
+    def to(self, *args, **kwargs) -> "GlobalPositions":
+        """Itself: the forward moves the positions where it needs them (without a host
+        synchronisation), so the usual ``{k: v.to(device) for k, v in batch.items()}`` just works."""
+        return self
 
 
 @dataclass
@@ -73,8 +87,14 @@ class CpModel:
             position_ids: global ``[B|1, S]`` positions; restarts at 0 mark packed documents
                 (batch 1). Default ``0..S-1``.
 
-        Returns ``dict(input_ids=..., position_ids=...[, labels=..., shift_labels=...,
-        num_items_in_batch=...])``.
+        Returns ``dict(input_ids=..., position_ids=..., mlacp_positions=...[, labels=...,
+        shift_labels=..., num_items_in_batch=...])``: ``mlacp_positions`` holds the global
+        positions and the packed documents' ends, found here once; the model's forward takes them
+        (its pre-hook removes the key) instead of gathering the positions from the ranks. Give the batch on the CPU (a data
+        loader's tensors) and move the shards to the GPU afterwards: then nothing here or in the
+        forward reads a GPU tensor on the host (docs/DESIGN.md §16). ``num_items_in_batch`` is an
+        int for CPU labels and a 0-d tensor for device labels (read on the host, it would
+        synchronise).
         """
         if input_ids.dim() != 2:
             raise _error(_WHAT, "input_ids must be [B, S]", {"shape": tuple(input_ids.shape)},
@@ -94,6 +114,7 @@ class CpModel:
         out = {
             "input_ids": shard_sequence(input_ids, self.groups, self.partition),
             "position_ids": shard_sequence(position_ids.contiguous(), self.groups, self.partition),
+            "mlacp_positions": GlobalPositions(position_ids, _document_ends(position_ids)),
         }
         if labels is not None:
             shifted = torch.full_like(labels, ignore_index)
@@ -101,8 +122,22 @@ class CpModel:
             local = shard_sequence(shifted, self.groups, self.partition)
             out["labels"] = local
             out["shift_labels"] = local
-            out["num_items_in_batch"] = int((shifted != ignore_index).sum())
+            count = (shifted != ignore_index).sum()
+            out["num_items_in_batch"] = int(count) if count.device.type == "cpu" else count
         return out
+
+
+def _document_ends(global_positions: torch.Tensor) -> List[int]:
+    """The packed documents' exclusive ends in global positions ``[B, S]`` (HuggingFace's rule), or
+    ``[]`` for one document per row. Reads the positions on the host."""
+    starts = _document_starts(global_positions)
+    if not bool(starts[:, 1:].any()):
+        return []
+    if global_positions.shape[0] != 1:
+        raise _error(_WHAT, "packed documents (position_ids restarting) need batch 1",
+                     {"batch": global_positions.shape[0]}, "concatenate the batch into one row")
+    idx = torch.nonzero(starts[0]).flatten().tolist()
+    return idx[1:] + [global_positions.shape[1]]
 
 
 def _document_starts(position_ids: torch.Tensor) -> torch.Tensor:
@@ -195,7 +230,7 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
         strategy = _auto_strategy(config_json, groups, seq_len, batch, dtype, partition, overlap, plan_hardware,
                                   bandwidth_gbps)
     handle = CpModel(model, groups, strategy, partition, overlap, kernel)
-    device_type = next(model.parameters()).device.type
+    device = str(next(model.parameters()).device)  # "cpu" or "cuda:N": the groups' backend for it moves the tensors
     for name, attention in layers:
         version = 2 if type(attention).__name__ == "DeepseekV2Attention" else 3
         params = {n: p for n, p in attention.named_parameters()}
@@ -212,7 +247,7 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
                 "mlacp": core.scaling, "model": float(attention.scaling)}, "check rope_parameters (YaRN mscale)")
         handle.plans[name] = core.parallelize(groups.cp_group, groups.ulysses, groups.ulysses_group,
                                               groups.all_gather_group, strategy, partition, overlap, kernel,
-                                              device_type)
+                                              device)
         attention._mlacp = core
         attention._mlacp_state = handle._state
         attention._mlacp_version = version
@@ -258,6 +293,16 @@ def _truthy_mask(mask) -> bool:
     return bool((mask != 0).all()) if mask.dtype != torch.bool else bool(mask.all())
 
 
+def _on_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device``; a CPU tensor reaches a GPU from pinned memory without a host
+    synchronisation."""
+    if t.device == torch.device(device):
+        return t
+    if t.device.type == "cpu" and torch.device(device).type != "cpu":
+        return t.contiguous().pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _make_pre_hook(handle: CpModel, base: torch.nn.Module):
     groups = handle.groups
 
@@ -292,6 +337,7 @@ def _make_pre_hook(handle: CpModel, base: torch.nn.Module):
                          {"attention_mask.shape": shape},
                          "pack documents with position_ids restarting at 0 instead of padding; or pass None")
         kwargs["attention_mask"] = None
+        given = kwargs.pop("mlacp_positions", None)  # from shard_inputs: found on the host
         p = groups.size
         if handle.partition == "head_tail" and s_local % 2 != 0:
             raise _error(_WHAT, "the head_tail partition needs an even number of local tokens",
@@ -301,6 +347,9 @@ def _make_pre_hook(handle: CpModel, base: torch.nn.Module):
         like = embeds if embeds is not None else torch.empty(0, dtype=base.embed_tokens.weight.dtype,
                                                              device=tokens.device)
         if position_ids is None:
+            if given is not None:
+                raise _error(_WHAT, "mlacp_positions needs the position_ids shard_inputs made with it",
+                             {"position_ids": None}, "pass the whole dict CpModel.shard_inputs returned")
             global_positions = torch.arange(s_local * p, device=tokens.device).unsqueeze(0)
             kwargs["position_ids"] = shard_sequence(global_positions, groups, handle.partition)
             handle._state.document_ends = None
@@ -314,7 +363,18 @@ def _make_pre_hook(handle: CpModel, base: torch.nn.Module):
                          {"position_ids.shape": tuple(position_ids.shape), "S_local": s_local},
                          "pass this rank's shard of the positions (CpModel.shard_inputs)")
         kwargs["position_ids"] = position_ids
-        # One small collective per forward: the global positions, for the document boundaries.
+        if given is not None:
+            # shard_inputs found the documents on the host: no collective, no read of the device.
+            if not isinstance(given, GlobalPositions) or given.positions.shape[-1] != s_local * p:
+                raise _error(_WHAT, "mlacp_positions must be what CpModel.shard_inputs returned for this batch",
+                             {"type": type(given).__name__, "S": s_local * p,
+                              "positions.shape": tuple(getattr(getattr(given, "positions", None), "shape", ()))},
+                             "pass the whole dict CpModel.shard_inputs returned")
+            handle._state.document_ends = list(given.document_ends) or None
+            resolve_rope(_on_device(given.positions, position_ids.device), like)
+            return args, kwargs
+        # One small collective per forward: the global positions, for the document boundaries
+        # (on a GPU this reads device values on the host: pass shard_inputs' mlacp_positions).
         local = position_ids.contiguous()
         if p > 1:
             shards = [torch.empty_like(local) for _ in range(p)]
@@ -322,15 +382,7 @@ def _make_pre_hook(handle: CpModel, base: torch.nn.Module):
         else:
             shards = [local]
         global_positions = unshard_sequence(shards, handle.partition)
-        starts = _document_starts(global_positions)
-        if bool(starts[:, 1:].any()):
-            if global_positions.shape[0] != 1:
-                raise _error(_WHAT, "packed documents (position_ids restarting) need batch 1",
-                             {"batch": global_positions.shape[0]}, "concatenate the batch into one row")
-            idx = torch.nonzero(starts[0]).flatten().tolist()
-            handle._state.document_ends = idx[1:] + [global_positions.shape[1]]
-        else:
-            handle._state.document_ends = None
+        handle._state.document_ends = _document_ends(global_positions) or None
         resolve_rope(global_positions, like)
         return args, kwargs
 

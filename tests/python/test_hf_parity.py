@@ -39,13 +39,18 @@ CASES_P4 = [
 SEQ = 48
 
 
-def _cp_step(model, cp, input_ids, position_ids, autocast):
+def _cp_step(model, cp, input_ids, position_ids, autocast, gather_positions=False):
+    """One CP step through shard_inputs; gather_positions: without its mlacp_positions, so the
+    model's pre-hook gathers the positions from the ranks to find the documents (a caller that
+    passes only position_ids)."""
     import mlacp
 
     model.zero_grad(set_to_none=True)
     batch = cp.shard_inputs(input_ids, labels=input_ids, position_ids=position_ids)
     labels, count = batch.pop("shift_labels"), batch.pop("num_items_in_batch")
     batch.pop("labels")
+    if gather_positions:
+        batch.pop("mlacp_positions")
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model(**batch)
         share = models.causal_lm_loss(out.logits, labels, count)  # this rank's share of the global loss
@@ -97,6 +102,9 @@ def _worker(rank, world, cases):
             ref = models.reference_step(reference, input_ids, position_ids, autocast)
             got = _cp_step(patched, cp, input_ids, position_ids, autocast)
             key = "bf16" if autocast else str(dtype).replace("torch.", "")
+            if packed and dtype == torch.float64:  # documents from gathered positions: the same step
+                gathered = _cp_step(patched, cp, input_ids, position_ids, autocast, gather_positions=True)
+                out[(name, "gathered_positions")] = _errors(got, gathered, relative=False)
             # A MoE model in float64 is float32-deterministic only (models.tiny_config): relative errors.
             out[(name, key)] = _errors(ref, got, relative=dtype != torch.float64 or cfg.get("moe", False)
                                        or cfg.get("v2", False))
@@ -109,6 +117,9 @@ def _worker(rank, world, cases):
 
 def _check(results):
     for (name, key), e in results.items():
+        if key == "gathered_positions":  # shard_inputs' document ends and gathered positions: identical
+            assert e["logits"] == 0 and e["loss"] == 0 and e["grad"] == 0, (name, key, e)
+            continue
         # DeepSeek-V2's HF rope rotates in float32 (complex float32 multiply) whatever the dtype:
         # a V2 model in float64 is float32-accurate in HF itself, like a MoE router.
         if key == "float64" and (name.endswith(("-moe", "-moe-packed")) or name.startswith("v2-")):

@@ -84,6 +84,12 @@ def _error_worker(rank, world, case):
             batch = {"input_ids": batch["input_ids"][:, :-1]}
         elif case == "indivisible_sequence":
             cp.shard_inputs(models.batch(30)[0])
+        elif case == "foreign_positions":  # another batch's positions (64 tokens for a 32-token batch)
+            batch["mlacp_positions"] = cp.shard_inputs(models.batch(64)[0])["mlacp_positions"]
+        elif case == "positions_without_position_ids":
+            del batch["position_ids"]
+        # the usual device move leaves mlacp_positions as it is (the forward moves its positions)
+        batch = {k: v.to("cpu") if hasattr(v, "to") else v for k, v in batch.items()}
         model(**batch)
     except mlacp.MlacpError as e:
         return str(e)
@@ -98,6 +104,8 @@ ERROR_CASES = {
     "odd_local_sequence": "head_tail partition needs an even number of local tokens",
     "indivisible_sequence": "the sequence length must be divisible by 2 * cp",
     "bad_strategy": "strategy must be latent_kv_head, expanded_ulysses or auto",
+    "foreign_positions": "mlacp_positions must be what CpModel.shard_inputs returned for this batch",
+    "positions_without_position_ids": "mlacp_positions needs the position_ids shard_inputs made with it",
 }
 
 
