@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, both LibTorch versions and the Python package:
 #   1. the C++ suite (CTest) against Debian's LibTorch 1.13 (build/);
-#   2. the C++ suite against the LibTorch of the PyTorch 2.15 wheel (build-torch2/), the Python
+#   2. the C++ suite against the LibTorch of the PyTorch 2.15 wheel (build-torch2/; a CUDA build: the
+#      NCCL groups and mlacp_gpu_check, the CUDA path, compile and link here), the Python
 #      package mlacp built from the same CMake project and installed into .venv, its pytest
 #      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors) and the peer
 #      benchmark's smoke test (scripts/bench-peers.sh --quick: every system checked, mlacp exact
@@ -32,6 +33,13 @@ for leg in $legs; do
       "$root/scripts/setup-python.sh"
       echo "mlacp tests: Python setup (.venv, PyTorch 2.15 wheel) took $((SECONDS - t0)) s"
       MLACP_LIBTORCH=wheel "$root/scripts/build.sh"
+      # The CUDA compile (docs/DESIGN.md §16; no GPU here to run it): the wheel's LibTorch is a CUDA
+      # build, so the tool links the NCCL groups and mlacp_gpu_check the fused-kernel calls.
+      echo "== mlacp tests: the CUDA path compiled and linked (NCCL groups, fused attention kernels, mlacp_gpu_check) =="
+      nm -C "$root/build-torch2/mlacp" | grep -c "c10d::ProcessGroupNCCL" >/dev/null \
+        || { echo "run-tests: the tool was built without the NCCL groups" >&2; exit 1; }
+      nm -C "$root/build-torch2/mlacp_gpu_check" | grep -c "_efficient_attention_forward" >/dev/null \
+        || { echo "run-tests: mlacp_gpu_check is missing or lacks the CUDA attention calls" >&2; exit 1; }
       (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" \
           -E '^(cli_fuzz_invalid_options|cli_invalid_invocations_are_clear_errors|cli_plan_grid_small)$' "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
