@@ -24,9 +24,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs& args) {
 void check_device_args(const DeviceArgs& args, int64_t local_ranks, const std::string& command) {
   const CommBackend backend = parse_comm_backend(args.backend);
   if (!args.cuda()) {
-    MLACP_REQUIRE(backend != CommBackend::nccl, command, "NCCL moves CUDA tensors only",
-                  {got("device", args.device), got("backend", args.backend)},
-                  "use --device cuda with --backend nccl, or --backend gloo (auto) on the CPU");
+    check_group_options(group_options_for(args, c10::Device(c10::DeviceType::CPU), 1));  // the groups' own rules
     return;
   }
   const int64_t gpus = device_count(c10::DeviceType::CUDA);
@@ -40,6 +38,7 @@ void check_device_args(const DeviceArgs& args, int64_t local_ranks, const std::s
                 "NCCL needs a GPU per rank: it refuses two ranks on one GPU",
                 {got("local_ranks", local_ranks), got("visible_gpus", gpus), got("backend", args.backend)},
                 "run at most one rank per GPU, or pass --backend gloo (Gloo's CUDA path stages through host memory)");
+  check_group_options(group_options_for(args, c10::Device(c10::DeviceType::CUDA, 0), 1));  // the groups' own rules
 }
 
 c10::Device rank_device(const DeviceArgs& args, const WorldInfo& world) {

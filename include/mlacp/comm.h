@@ -194,6 +194,10 @@ struct GroupOptions {
   c10::Device device{c10::DeviceType::CPU};  // where the groups' tensors live: this rank's GPU for CUDA
   CommBackend backend = CommBackend::automatic;
 };
+// The options' rules (CPU or CUDA tensors; NCCL moves CUDA tensors only; the emulated link is
+// CPU-only; NCCL where this LibTorch has it). Rendezvous::groups checks them before connecting;
+// a launcher calls it before starting any rank. Throws mlacp::Error naming the rule.
+void check_group_options(const GroupOptions& options);
 
 // One store shared by every set of groups a process builds (rank 0 serves the TCP store).
 // groups() validates the shape against the world size before any collective, then builds a fresh

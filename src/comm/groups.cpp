@@ -49,6 +49,8 @@ std::string backend_for(const GroupOptions& options) {
   return options.backend == CommBackend::gloo ? "gloo" : "nccl";
 }
 
+}  // namespace
+
 // Every rule of the options, before any rank connects (the same on every rank).
 void check_group_options(const GroupOptions& options) {
   const std::string backend = backend_for(options);
@@ -72,6 +74,8 @@ void check_group_options(const GroupOptions& options) {
                 "build against the CUDA wheel of PyTorch 2.x, or pass --backend gloo");
 #endif
 }
+
+namespace {
 
 c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
                                              int64_t size, const GroupOptions& options) {
