@@ -99,7 +99,9 @@ class MlaAttentionImpl : public torch::nn::Module {
   // same tensor objects, no copy, so gradients accumulate where the caller holds them (e.g. the
   // nn.Parameters of a HuggingFace attention module). Every parameter must be given, with its
   // shape and one dtype and device for all; a name the module does not have is an error.
-  // Call before parallelize().
+  // Also after parallelize() (with the installed device and dtype): a caller whose parameter
+  // objects change between forwards (FSDP's gathered parameters, a custom op's inputs) adopts the
+  // current ones before each forward.
   void adopt_parameters(const std::map<std::string, at::Tensor>& tensors);
 
   const MlaConfig& config() const { return config_; }

@@ -1,6 +1,8 @@
 // Groups over process groups made elsewhere (include/mlacp/c10d_groups.h).
 #include "mlacp/c10d_groups.h"
 
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
 #include "comm/backend.h"
 #include "core/timeline.h"
 #include "mlacp/errors.h"
@@ -11,6 +13,19 @@ namespace {
 constexpr const char* kWhat = "process groups";
 
 int64_t group_size(const c10::intrusive_ptr<c10d::ProcessGroup>& group) { return group ? group->getSize() : 1; }
+
+// The collective timeout the group was created with (torch.distributed's `timeout=`), which fault
+// messages quote: Gloo's options on either LibTorch, any backend's options on 2.x; 0 if unknown.
+std::chrono::milliseconds backend_timeout(const c10::intrusive_ptr<C10dBackend>& backend) {
+  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(backend.get())) return gloo->getOptions()->timeout;
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    return backend->getBackendOptions()->timeout;
+  } catch (const std::exception&) {  // a backend without options
+  }
+#endif
+  return std::chrono::milliseconds{0};
+}
 
 }  // namespace
 
@@ -31,7 +46,10 @@ CommGroup wrap_c10d_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c
       } catch (const std::exception& e) {  // 2.x: getBackend throws for a device type it lacks
         impl->backend.reset();
       }
-      if (impl->backend) impl->backend_name = impl->backend->getBackendName();
+      if (impl->backend) {
+        impl->backend_name = impl->backend->getBackendName();
+        impl->timeout = backend_timeout(impl->backend);
+      }
       MLACP_REQUIRE(impl->backend, kWhat, "the process group has no backend for the tensors' device",
                     {got("group", name), got("device", device)},
                     "create the group with a backend for that device (gloo for CPU tensors, nccl for CUDA)");

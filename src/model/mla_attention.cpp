@@ -92,8 +92,6 @@ struct ParameterRegistry : torch::nn::Module {
 
 void MlaAttentionImpl::adopt_parameters(const std::map<std::string, at::Tensor>& tensors) {
   constexpr const char* what = "adopt parameters";
-  MLACP_REQUIRE(!is_parallel(), what, "parameters must be adopted before CP is installed",
-                {got("installed", parallel_description())}, "adopt first, then call parallelize()");
   const auto own = named_parameters(/*recurse=*/true);
   for (const auto& [name, tensor] : tensors) {
     MLACP_REQUIRE(own.contains(name), what, "every given tensor must name a parameter of the module",
@@ -117,6 +115,14 @@ void MlaAttentionImpl::adopt_parameters(const std::map<std::string, at::Tensor>&
                    got("first_device", first->device())},
                   "move the whole module with .to() first");
   }
+  // Once CP is installed its groups move tensors of the installed device (and its byte formulas
+  // assume the dtype): tensors adopted later (a caller's per-forward parameters) must keep both.
+  const at::Tensor& installed = own.begin()->value();
+  MLACP_REQUIRE(!is_parallel() || (first->device() == installed.device() && first->scalar_type() == installed.scalar_type()),
+                what, "parameters adopted after CP is installed must keep its device and dtype",
+                {got("device", first->device()), got("installed_device", installed.device()),
+                 got("dtype", dtype_name(first->scalar_type())), got("installed_dtype", dtype_name(installed.scalar_type()))},
+                "move the parameters back, or build and parallelize a new module for the new device or dtype");
   for (auto& child : named_children()) {
     auto& registry = ParameterRegistry::of(*child.value());
     for (auto& entry : registry) {
