@@ -103,22 +103,22 @@ class Mlacp(System):
 
     def setup(self, layer, p, rank):
         import mlacp
-        from mlacp import _C
-        from mlacp.hf import _config_json
+        from mlacp import _ops
+        from mlacp.hf import attention_config
 
         if self.ulysses is not None and not (1 < self.ulysses < p and p % self.ulysses == 0):
             raise Unavailable(f"a hybrid needs 1 < U < P with U | P (U={self.ulysses}, P={p})")
         self.layer = job.copy_layer(layer, "eager")
         self.groups = mlacp.ContextParallelGroups(None, self.ulysses)
-        self.core = _C.Attention(_config_json(self.layer.config), dict(self.layer.named_parameters()),
-                                 rms_norm_eps=float(self.layer.kv_a_layernorm.variance_epsilon),
-                                 rms_norm_float32=True)
-        g = self.groups
-        self.plan = self.core.parallelize(g.cp_group, g.ulysses, g.ulysses_group, g.all_gather_group,
-                                          self.strategy, "head_tail", True, "blockwise", "cpu")
+        self.mla = _ops.Layer(attention_config(self.layer.config), dtype=next(self.layer.parameters()).dtype, device="cpu",
+                              rms_norm_eps=float(self.layer.kv_a_layernorm.variance_epsilon), rms_norm_float32=True)
+        self.core = self.mla.core
+        self.weights = [self.layer.get_parameter(n) for n in self.mla.parameter_names]
+        self.plan = self.mla.parallelize(self.groups, strategy=self.strategy, partition="head_tail", overlap=True,
+                                         kernel="blockwise")
 
     def forward(self, x, cos, sin):
-        return self.core.forward(x, position_embeddings=(cos, sin), is_causal=True, training=True)
+        return self.mla(x, self.weights, cos=cos, sin=sin, training=True)
 
     def reset_bytes(self):
         self.core.reset_comm_counters()
@@ -127,7 +127,7 @@ class Mlacp(System):
         return meter_bytes + sum(self.core.comm_bytes().values())
 
     def formula_bytes(self, seq, p, elem):
-        return self.core.expected_comm_bytes(1, seq, elem)  # docs/DESIGN.md §4.6, from the plan
+        return self.core.expected_comm_bytes(batch=1, seq_len=seq, wire_bytes=elem)  # docs/DESIGN.md §4.6, from the plan
 
     def version(self):
         from mlacp import _C

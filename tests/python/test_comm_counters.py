@@ -5,8 +5,8 @@ import torch
 import distributed
 import models
 import mlacp
-from mlacp import _C
-from mlacp.hf import _config_json
+from mlacp import _ops
+from mlacp.hf import attention_config
 
 
 def _worker(rank, world):
@@ -18,23 +18,26 @@ def _worker(rank, world):
             if ulysses is not None and world % ulysses:
                 continue
             groups = mlacp.ContextParallelGroups(None, ulysses)
-            core = _C.Attention(_config_json(model.config), dict(attention.named_parameters()),
-                                rms_norm_eps=float(attention.kv_a_layernorm.variance_epsilon))
+            layer = _ops.Layer(attention_config(model.config), dtype=torch.float64, device="cpu",
+                               rms_norm_eps=float(attention.kv_a_layernorm.variance_epsilon))
+            core = layer.core
             try:
-                core.expected_comm_bytes(1, 32, 8)
+                core.expected_comm_bytes(batch=1, seq_len=32, wire_bytes=8)
                 before = "no error"
             except mlacp.MlacpError as e:
                 before = str(e)
-            core.parallelize(groups.cp_group, groups.ulysses, groups.ulysses_group, groups.all_gather_group,
-                             strategy, "head_tail", True, "blockwise", "cpu")
+            layer.parallelize(groups, strategy=strategy, partition="head_tail", overlap=True, kernel="blockwise")
             seq = 16 * world
             x = torch.randn(1, seq // world, model.config.hidden_size, dtype=torch.float64, requires_grad=True)
-            core.forward(x, position_ids=mlacp.shard_sequence(torch.arange(seq)[None], groups), is_causal=True)\
-                .sum().backward()
+            cos, sin = model.model.rotary_emb(x, mlacp.shard_sequence(torch.arange(seq)[None], groups))
+            weights = [attention.get_parameter(n) for n in layer.parameter_names]
+            layer(x, weights, cos=cos, sin=sin).sum().backward()
             sent = sum(core.comm_bytes().values())
             core.reset_comm_counters()
-            out[(strategy, groups.ulysses)] = dict(sent=sent, formula=core.expected_comm_bytes(1, seq, 8),
-                                                   after_reset=sum(core.comm_bytes().values()), before=before)
+            out[(strategy, groups.ulysses)] = dict(sent=sent, formula=core.expected_comm_bytes(batch=1, seq_len=seq,
+                                                                                               wire_bytes=8),
+                                                   after_reset=sum(core.comm_bytes().values()), before=before,
+                                                   graphs=_ops.live_graphs())
     return out
 
 
@@ -45,4 +48,5 @@ def test_counted_bytes_equal_the_formula():
                 assert r["sent"] > 0, key
                 assert r["sent"] == r["formula"], (world, key, r)
                 assert r["after_reset"] == 0, (world, key, r)
+                assert r["graphs"] == 0, (world, key, r)  # every backward freed its forward's graph
                 assert "must be parallelized first" in r["before"], r["before"]

@@ -52,9 +52,8 @@ def test_the_binding_returns_the_planners_report():
     import mlacp
     import mlacp.hf
 
-    config_json = mlacp.hf._config_json(models.tiny_config())
-    report = json.loads(mlacp._C.plan(config_json, 4096, 1, 4, 1, "bfloat16", [], 0, [], None, "h200-nvlink-ib",
-                                      1e-4, None))
+    report = mlacp._C.plan(config=mlacp.hf.attention_config(models.tiny_config()), seq_len=4096, cp=4,
+                           dtype="bfloat16", hardware="h200-nvlink-ib", bandwidth_gbps=1e-4)
     choice = report["candidates"][report["chosen"]]
     assert choice["feasible"] and choice["strategy"] == "latent_kv_head" and choice["ulysses"] == 1, choice
     assert "chosen: " + choice["label"] in report["explanation"]
