@@ -19,6 +19,7 @@ Layers are registered by an integer id (the ops take plain values, not Python ob
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -29,6 +30,10 @@ from . import _C
 
 _LAYERS: Dict[int, "_C.Layer"] = {}
 _IDS = itertools.count(1)
+# The C++ layers hold c10d groups: they go at exit while the interpreter and torch.distributed are
+# alive (registered after torch's own exit handlers, so it runs before them). A Gloo group left
+# to the process's static destructors aborts it ("terminate called without an active exception").
+atexit.register(_LAYERS.clear)
 
 
 class Layer:
@@ -42,12 +47,17 @@ class Layer:
 
     def __init__(self, config: "_C.MlaConfig", *, dtype: torch.dtype, device, rms_norm_eps: Optional[float] = None,
                  rms_norm_float32: bool = False):
-        self.core = _C.Layer(config, dtype=dtype, device=torch.device(device), rms_norm_eps=rms_norm_eps,
-                             rms_norm_float32=rms_norm_float32)
+        core = _C.Layer(config, dtype=dtype, device=torch.device(device), rms_norm_eps=rms_norm_eps,
+                        rms_norm_float32=rms_norm_float32)
         self.id = next(_IDS)
-        _LAYERS[self.id] = self.core
+        self.parameter_names: List[str] = list(core.parameter_names)
+        # The registry holds the only reference: the C++ layer goes when this object does, or at exit.
+        _LAYERS[self.id] = core
         weakref.finalize(self, _LAYERS.pop, self.id, None)
-        self.parameter_names: List[str] = list(self.core.parameter_names)
+
+    @property
+    def core(self) -> "_C.Layer":
+        return _LAYERS[self.id]
 
     def parallelize(self, groups, *, strategy: str, partition: str, overlap: bool, kernel: str) -> str:
         """Installs CP over ``groups`` (:class:`mlacp.ContextParallelGroups`); one fingerprint

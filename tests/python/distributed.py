@@ -2,6 +2,7 @@
 import os
 import socket
 import tempfile
+import time
 import traceback
 
 import torch
@@ -31,12 +32,20 @@ def _worker(rank, world, port, fn, args, out_dir):
         dist.destroy_process_group()
 
 
-def run(fn, world: int, *args):
+def run(fn, world: int, *args, timeout_s: float = 600):
     """fn(rank, world, *args) on `world` processes; returns the per-rank results (or the
-    per-rank exception texts as {"error": ...} dicts)."""
+    per-rank exception texts as {"error": ...} dicts). A process that dies (a signal, an abort) or
+    a run longer than timeout_s (a hang) fails the test, naming the ranks."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(world, _free_port(), fn, args, out_dir), nprocs=world, join=True,
-                           start_method="fork")
+        context = mp.start_processes(_worker, args=(world, _free_port(), fn, args, out_dir), nprocs=world,
+                                     join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                alive = [r for r, p in enumerate(context.processes) if p.is_alive()]
+                for p in context.processes:
+                    p.kill()
+                raise AssertionError(f"ranks {alive} still running after {timeout_s} s (a hang)")
         return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False) for r in range(world)]
 
 
