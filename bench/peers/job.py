@@ -76,13 +76,13 @@ def shard(t: torch.Tensor, partition: str, p: int, rank: int) -> torch.Tensor:
     sharding, which every system's partition names."""
     from mlacp import _C
 
-    return _C.shard_sequence(t, partition, p, rank, 1).contiguous()
+    return _C.shard_sequence(t, partition=partition, cp=p, rank=rank, dim=1).contiguous()
 
 
 def unshard(shards: list[torch.Tensor], partition: str) -> torch.Tensor:
     from mlacp import _C
 
-    return _C.unshard_sequence(shards, partition, 1)
+    return _C.unshard_sequence(shards, partition=partition, dim=1)
 
 
 def autocast(dtype: str):

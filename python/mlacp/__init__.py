@@ -227,8 +227,10 @@ def reduce_gradients(parameters: Iterable[torch.nn.Parameter], groups: ContextPa
       here (the local shard is multiplied by P), so the result is again the sum over CP.
 
     A wrapper that averages over a group containing the CP ranks without DTensor gradients (DDP on
-    the whole world) is outside this rule: build it on the DP group only. Parameters without a
-    gradient are skipped (they must be the same on every rank).
+    the whole world) is outside this rule: build it on the DP group only, or scale each rank's loss by
+    that group's size and do not call this function (HuggingFace Trainer does exactly that:
+    examples/hf_trainer.py). Parameters without a gradient are skipped (they must be the same on
+    every rank).
     """
     if groups.size == 1:
         return

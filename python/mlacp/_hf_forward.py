@@ -85,8 +85,8 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
                        mlacp_forward: Optional[Forward] = None, **kwargs):
     if mlacp_forward is None:
         if self._mlacp_handle._unsharded:
-            return self._mlacp_hf_forward(hidden_states, position_embeddings, attention_mask, past_key_values,
-                                          **kwargs)
+            return self._mlacp_hf_forward(hidden_states, position_embeddings=position_embeddings,
+                                          attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
         raise _error(_WHAT, "the attention layer must be called through the parallelized model's decoder", {},
                      "call the model (its forward resolves positions once for every layer), or run it under "
                      "CpModel.unsharded()")
@@ -239,6 +239,13 @@ def _truthy_mask(mask) -> bool:
 def _check_records(rows: List[List[int]], p: int) -> None:
     """The same error on every rank when the ranks' records contradict each other."""
     batches, lengths, modes = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    if set(modes) == {_agreement.SHARD_INPUTS}:  # first: which batch each rank sharded (then lengths follow)
+        global_lengths, prints = [r[3] for r in rows], [r[4] for r in rows]
+        if len(set(global_lengths)) > 1 or (all(prints) and len(set(prints)) > 1):
+            raise _error(_WHAT, "the CP ranks' shards come from different global batches",
+                         {"global_tokens_per_rank": global_lengths, "batch_checksums_differ": len(set(prints)) > 1},
+                         "give every CP rank the same global batch (a data loader sampling over the data-parallel "
+                         "ranks only, not over CP) and call shard_inputs on it")
     if len(set(batches)) > 1 or len(set(lengths)) > 1:
         raise _error(_WHAT, "every CP rank must hold the same batch and number of tokens (S / cp each)",
                      {"batch_per_rank": batches, "local_tokens_per_rank": lengths},
@@ -247,14 +254,7 @@ def _check_records(rows: List[List[int]], p: int) -> None:
         raise _error(_WHAT, "every CP rank must be given its shard the same way",
                      {"per_rank": [_agreement.mode_name(m) for m in modes]},
                      "pass the whole dict CpModel.shard_inputs returned on every rank")
-    if modes[0] == _agreement.SHARD_INPUTS:
-        lengths_s, prints = [r[3] for r in rows], [r[4] for r in rows]
-        if len(set(lengths_s)) > 1 or (all(prints) and len(set(prints)) > 1):
-            raise _error(_WHAT, "the CP ranks' shards come from different global batches",
-                         {"global_tokens_per_rank": lengths_s, "batch_checksums_differ": len(set(prints)) > 1},
-                         "give every CP rank the same global batch (a data loader sampling over the data-parallel "
-                         "ranks only, not over CP) and call shard_inputs on it")
-    elif p > 1 and modes[0] == _agreement.POSITION_IDS:
+    if p > 1 and modes[0] == _agreement.POSITION_IDS:
         sums = [r[5] for r in rows]
         if all(sums) and len(set(sums)) == 1:
             raise _error(_WHAT, "every CP rank holds the same inputs: they were not sharded",

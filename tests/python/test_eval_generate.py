@@ -2,6 +2,7 @@
 whole sequence (attention masks, a KV cache) is the unpatched model's, to the bit; generate() runs
 unsharded by itself and produces the unpatched model's tokens; training forwards are CP again
 afterwards."""
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -9,11 +10,11 @@ import distributed
 import models
 
 
-def _worker(rank, world):
+def _worker(rank, world, v2):
     import mlacp
     import mlacp.hf
 
-    reference = models.tiny_model(models.tiny_config(), torch.float64)
+    reference = models.tiny_model(models.tiny_config(v2=v2), torch.float64)
     model = models.clone(reference)
     cp = mlacp.hf.parallelize_model(model, mlacp.ContextParallelGroups(dist.group.WORLD))
     ids = models.batch(24, seed=rank)[0]  # each rank evaluates its own sample (a data-parallel eval)
@@ -48,8 +49,10 @@ def _worker(rank, world):
     return out
 
 
-def test_unsharded_evaluation_and_generation_equal_the_unpatched_model():
-    for r in distributed.results(distributed.run(_worker, 2)):
+@pytest.mark.parametrize("v2", [False, True], ids=["deepseek-v3", "deepseek-v2"])
+def test_unsharded_evaluation_and_generation_equal_the_unpatched_model(v2):
+    for r in distributed.results(distributed.run(_worker, 2, v2)):
         assert r["eval_equal"] and r["generate_equal"] and r["generated"] == 6, r
         assert r["refused"] is not None and "cp.unsharded()" in r["refused"], r
-        assert r["cp_loss_error"] <= 1e-12, r
+        # DeepSeek-V2's HF rope rotates in float32 complex arithmetic whatever the dtype (test_hf_parity)
+        assert r["cp_loss_error"] <= (1e-6 if v2 else 1e-12), r
