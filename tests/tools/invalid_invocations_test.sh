@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Invalid invocations end in a clear error: exit code 2 (invalid input) within seconds, an "mlacp:" line that
-# names the rule, no LibTorch stack trace, no file left behind. (A start on the hostile-input
-# table; each row is one invocation and a text its message must contain.)
+# names the rule, no LibTorch stack trace or log line, no unreadable number, no file left behind.
+# (The hostile-input table; each row is one invocation and a text its message must contain.
+# tests/tools/fuzz_invalid_options.py generates the rest from --help.)
 set -u
 mlacp="$(realpath "$1")"
 work=$(mktemp -d)
@@ -13,7 +14,7 @@ row() {  # row "expected text" args...
   local out rc
   out=$(cd "$work" && timeout 60 "$mlacp" "$@" 2>&1); rc=$?
   if [ "$rc" -ne 2 ] || ! grep -q "^mlacp\|mlacp:" <<<"$out" || ! grep -qF -- "$expected" <<<"$out" \
-     || grep -q "Exception raised from\|frame #" <<<"$out"; then
+     || grep -q "Exception raised from\|frame #\|\[c10d\]\|InitGoogleLogging" <<<"$out" || grep -qE "[0-9]{20}" <<<"$out"; then
     echo "FAIL (exit $rc): mlacp $*"; echo "$out" | tail -5 | sed 's/^/    /'
     failures=$((failures + 1))
   fi
@@ -22,29 +23,50 @@ row "unknown command 'frobnicate'" frobnicate
 row "--dp" verify --nproc 2 --dp 0
 row "--tp" verify --nproc 2 --tp 0
 row "--dp" train --nproc 2 --dp 0 --steps 1
-row "--json must name a file that can be written" verify --single-device --case tiny-causal --json "$work/missing/x.json"
+row "--json: must name a file that can be written" verify --single-device --case tiny-causal --json "$work/missing/x.json"
 row "it is a folder" verify --single-device --case tiny-causal --json "$work"
-row "--json must name a file that can be written" verify --nproc 2 --json "$work/a_file/x.json"
-row "--json must name a file that can be written" bench --nproc 2 --steps 1 --json "$work/missing/b.json"
-row "--json must name a file that can be written" bench-kernel --json "$work/missing/k.json"
-row "--plot must name a file that can be written" train --nproc 2 --steps 1 --seq 64 --plot "$work/missing/loss.png"
-row "--plot must name a file that can be written" train --compare --steps 1 --seq 64 --plot "$work/missing/loss.png"
+row "--json: must name a file that can be written" verify --nproc 2 --json "$work/a_file/x.json"
+row "--json: must name a file that can be written" bench --nproc 2 --steps 1 --json "$work/missing/b.json"
+row "--json: must name a file that can be written" bench-kernel --json "$work/missing/k.json"
+row "--plot: must name a file that can be written" train --nproc 2 --steps 1 --seq 64 --plot "$work/missing/loss.png"
+row "--plot: must name a file that can be written" train --compare --steps 1 --seq 64 --plot "$work/missing/loss.png"
 row "ulysses" verify --nproc 4 --cp 4 --ulysses 3
 row "--frozen prefix must match" verify --nproc 2 --frozen nope
 row "exclusive" verify --nproc 2 --case latent-tp2-cp2-gate --seq 64
-row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps -1
-row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps nan
-row "--bandwidth-gbps must be a finite number" bench --nproc 2 --bandwidth-gbps inf
-row "--latency-us must be a finite number" bench --nproc 2 --latency-us -5
+row "--bandwidth-gbps: must be a finite number >= 0" bench --nproc 2 --bandwidth-gbps -1
+row "--bandwidth-gbps: must be a finite number >= 0" bench --nproc 2 --bandwidth-gbps nan
+row "--bandwidth-gbps: must be a finite number >= 0" bench --nproc 2 --bandwidth-gbps inf
+row "--latency-us: must be a finite number >= 0" bench --nproc 2 --latency-us -5
 row "--band" verify --nproc 2 --band -1
 row "--masked-rows must be query rows" verify --nproc 2 --band 4 --masked-rows -1
 row "--seq" verify --nproc 2 --seq ''
 row "--causal" verify --nproc 2 --causal 2
 row "--batch" bench --nproc 2 --batch -1
 row "the --reference log holds no step" train --nproc 2 --steps 1 --reference "$work/empty.jsonl"
-row "the config must be a regular file" verify --nproc 2 --config /dev/zero
+row "--config: must name a readable file; got path=/dev/zero, reason=it is not a regular file" verify --nproc 2 --config /dev/zero
 row "--threads" --threads 100000 info --skip-gemm
 row "--layers" train --nproc 2 --layers 100000000 --steps 1
+# Ranges (tools/option_checks.h): the bound stated readably, 0 excluded where it is.
+row "--timeout: must be an integer in [1, 3600]; got value=0" bench --nproc 2 --timeout 0
+row "--timeout: must be an integer in [1, 3600]; got value=-1" bench --nproc 2 --timeout -1
+row "--timeout: must be an integer in [1, 3600]" train --nproc 2 --steps 1 --timeout 0
+row "--dv: must be a finite number > 0; got value=0" bench-kernel --dv 0
+row "--lr: must be a finite number > 0" train --nproc 2 --steps 1 --lr 0
+row "--bandwidth-gbps: must be a finite number in [0, 1e+06]; got value=nan" plan --bandwidth-gbps nan
+# Path arguments: checked while the command line is parsed, before any rank starts.
+row "--log: must name a file that can be written; got path=$work/missing/t.jsonl, reason=the folder" \
+    train --nproc 2 --steps 1 --seq 64 --log "$work/missing/t.jsonl"
+row "--log: must name a file that can be written; got path=$work/a_file/t.jsonl" train --nproc 2 --steps 1 --log "$work/a_file/t.jsonl"
+row "--log: must name a file that can be written; got path=$work, reason=it is a folder" train --nproc 2 --steps 1 --log "$work"
+row "--out: must name a folder that can be written or created" train --compare --steps 1 --out "$work/a_file/out"
+row "--checkpoint: must name a folder that can be written or created; got path=$work/a_file, reason=it exists and is not a folder" \
+    train --nproc 2 --steps 1 --checkpoint "$work/a_file"
+row "--trace: must name a folder that can be written or created" bench --nproc 2 --steps 1 --trace "$work/a_file/t"
+row "--save-hardware: must name a file that can be written" plan --save-hardware "$work/missing/hw.json"
+row "--corpus: must name a readable file or folder; got path=$work/missing, reason=it does not exist" \
+    train --nproc 2 --steps 1 --corpus "$work/missing"
+row "--reference: must name a readable file" train --nproc 2 --steps 1 --reference "$work"
+row "--hf-checkpoint: must name a readable folder" train --nproc 2 --steps 1 --hf-checkpoint "$work/a_file"
 # --device / --backend (docs/DESIGN.md §16): this machine has no GPU, and NCCL moves CUDA tensors only.
 row "--device cuda needs a visible CUDA GPU" verify --nproc 2 --device cuda
 row "--device cuda needs a visible CUDA GPU" train --nproc 2 --steps 1 --seq 64 --device cuda
