@@ -67,6 +67,13 @@ row "--corpus: must name a readable file or folder; got path=$work/missing, reas
     train --nproc 2 --steps 1 --corpus "$work/missing"
 row "--reference: must name a readable file" train --nproc 2 --steps 1 --reference "$work"
 row "--hf-checkpoint: must name a readable folder" train --nproc 2 --steps 1 --hf-checkpoint "$work/a_file"
+# Rules of verify's ad-hoc case, before any rank starts.
+row "--doc-ends are the documents' ends: each greater than the one before (the first > 0)" \
+    verify --nproc 2 --seq 32 --doc-ends 0,16,32
+row "empty_document_end=8" verify --nproc 2 --seq 32 --doc-ends 8,8,32
+row "the last --doc-ends value must be the sequence length" verify --nproc 2 --seq 32 --doc-ends 8,16
+row "at least one input or parameter must require a gradient" verify --nproc 2 --gate \
+    --frozen q_a_proj,q_a_layernorm,q_b_proj,kv_a_proj_with_mqa,kv_a_layernorm,kv_b_proj,o_gate_proj,o_proj,hidden
 # --device / --backend (docs/DESIGN.md §16): this machine has no GPU, and NCCL moves CUDA tensors only.
 row "--device cuda needs a visible CUDA GPU" verify --nproc 2 --device cuda
 row "--device cuda needs a visible CUDA GPU" train --nproc 2 --steps 1 --seq 64 --device cuda
