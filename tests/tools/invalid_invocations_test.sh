@@ -9,10 +9,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 touch "$work/a_file" "$work/empty.jsonl"
 failures=0
+row_env=()  # VAR=value words for the next row only (torchrun-style variables)
 row() {  # row "expected text" args...
   local expected="$1"; shift
   local out rc
-  out=$(cd "$work" && timeout 60 "$mlacp" "$@" 2>&1); rc=$?
+  out=$(cd "$work" && timeout 60 env "${row_env[@]}" "$mlacp" "$@" 2>&1); rc=$?
+  row_env=()
   if [ "$rc" -ne 2 ] || ! grep -q "^mlacp\|mlacp:" <<<"$out" || ! grep -qF -- "$expected" <<<"$out" \
      || grep -q "Exception raised from\|frame #\|\[c10d\]\|InitGoogleLogging" <<<"$out" || grep -qE "[0-9]{20}" <<<"$out"; then
     echo "FAIL (exit $rc): mlacp $*"; echo "$out" | tail -5 | sed 's/^/    /'
@@ -74,6 +76,9 @@ row "empty_document_end=8" verify --nproc 2 --seq 32 --doc-ends 8,8,32
 row "the last --doc-ends value must be the sequence length" verify --nproc 2 --seq 32 --doc-ends 8,16
 row "at least one input or parameter must require a gradient" verify --nproc 2 --gate \
     --frozen q_a_proj,q_a_layernorm,q_b_proj,kv_a_proj_with_mqa,kv_a_layernorm,kv_b_proj,o_gate_proj,o_proj,hidden
+# Torchrun-style variables: a MASTER_ADDR that names no host, before c10d's store retries it.
+row_env=(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29400)
+row "MASTER_ADDR must be a host name or address that resolves on this host" train --preset test --steps 1 --seq 32
 # --device / --backend (docs/DESIGN.md §16): this machine has no GPU, and NCCL moves CUDA tensors only.
 row "--device cuda needs a visible CUDA GPU" verify --nproc 2 --device cuda
 row "--device cuda needs a visible CUDA GPU" train --nproc 2 --steps 1 --seq 64 --device cuda
