@@ -32,6 +32,7 @@
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
 #include "table.h"
+#include "temp_files.h"
 #include "train/trainer.h"
 #include "core/threads.h"
 
@@ -131,7 +132,7 @@ struct Curve {
 // Loss against step, one line per curve, written by gnuplot to `png`.
 void write_loss_plot(const std::string& png, const std::string& title, const std::vector<Curve>& curves) {
   require_gnuplot();
-  const fs::path work = fs::temp_directory_path() / ("mlacp-plot-" + std::to_string(getpid()));
+  const fs::path work = owned_temp_path("plot");  // a kill's leftover goes at the next launch
   fs::create_directories(work);
   std::ostringstream script;
   script << "set terminal pngcairo size 960,560 font ',11'\nset output " << quoted(png) << "\n"
@@ -434,7 +435,7 @@ std::vector<std::string> rank_arguments(const CommonArgs& common, const std::set
 }
 
 std::string temp_log_path(const std::string& tag) {
-  return (fs::temp_directory_path() / ("mlacp-train-" + std::to_string(getpid()) + "-" + tag + ".jsonl")).string();
+  return owned_temp_path("train") + "-" + tag + ".jsonl";  // a kill's leftover goes at the next launch
 }
 
 // Launches `nproc` local ranks with `args` while drawing the progress bar from `follow_log`.
