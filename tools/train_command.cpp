@@ -86,6 +86,7 @@ train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   c.checkpoint_dir = a.checkpoint;
   c.checkpoint_every = a.checkpoint_every;
   c.resume = a.resume;
+  c.resume_fallback = a.resume_fallback;
   return c;
 }
 
@@ -376,6 +377,8 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   const bool own_report = args.progress_log.empty();
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string resumed_from = prepared.resume_from ? prepared.resume_from->folder : "";
+  std::string passed_over;  // --resume-fallback: the damaged newer generations, said with the resume
+  for (const std::string& damaged : prepared.resume_passed_over) passed_over += "; passed over the damaged " + damaged;
 
   const GroupOptions options = group_options_for(args.device, config.device, args.timeout_s);
   Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
@@ -393,7 +396,7 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
     if (own_report) progress = std::make_unique<Progress>(layout_label(config), config.steps);
     if (resumed > 0)
       std::cerr << "train: resumed from " << resumed_from << " (the newest complete checkpoint) at step "
-                << resumed << "\n";
+                << resumed << passed_over << "\n";
   }
   while (!trainer.done()) {
     // The record is written before the step's checkpoint (a kill between them leaves the log a
@@ -612,7 +615,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   run->add_option("--checkpoint", args.checkpoint, "checkpoint folder (written after the last step)")
       ->check(output_folder());
   run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps")->capture_default_str();
-  run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint");
+  run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint (its newest generation)");
+  run->add_flag("--resume-fallback", args.resume_fallback,
+                "with --resume: when the newest generation is damaged (an error otherwise), resume from the newest "
+                "complete older one and name the damaged ones");
   add_timeout_option(run, args.timeout_s, "collective timeout in seconds (a dead peer is an error after it)");
   add_device_options(run, args.device);
   auto* out = cmd->add_option_group("output");

@@ -76,6 +76,11 @@ row "empty_document_end=8" verify --nproc 2 --seq 32 --doc-ends 8,8,32
 row "the last --doc-ends value must be the sequence length" verify --nproc 2 --seq 32 --doc-ends 8,16
 row "at least one input or parameter must require a gradient" verify --nproc 2 --gate \
     --frozen q_a_proj,q_a_layernorm,q_b_proj,kv_a_proj_with_mqa,kv_a_layernorm,kv_b_proj,o_gate_proj,o_proj,hidden
+# Checkpoint requests that cannot fit (a damaged checkpoint is exit 4: the fuzz harness's cases).
+mkdir "$work/no_generation"
+row "--resume needs a checkpoint: a generation folder (step-N/)" train --nproc 2 --steps 1 --checkpoint "$work/no_generation" --resume
+row "--resume-fallback says which generation --resume may take: it goes with --resume" \
+    train --nproc 2 --steps 1 --checkpoint "$work/no_generation" --resume-fallback
 # Torchrun-style variables: a MASTER_ADDR that names no host, before c10d's store retries it.
 row_env=(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29400)
 row "MASTER_ADDR must be a host name or address that resolves on this host" train --preset test --steps 1 --seq 32
@@ -97,7 +102,7 @@ row "the run's memory estimate exceeds the limit" bench-kernel --seq 4000000 --h
 row "limit=1.00 MiB (--memory-limit 0.0009765625)" --memory-limit 0.0009765625 bench --nproc 2 --steps 1
 row "--memory-limit: must be a number of GiB > 0" --memory-limit -3 info --skip-gemm
 row "--memory-limit: must be a number of GiB > 0" --memory-limit lots info --skip-gemm
-left=$(find "$work" -mindepth 1 ! -name a_file ! -name empty.jsonl | wc -l)
+left=$(find "$work" -mindepth 1 ! -name a_file ! -name empty.jsonl ! -name no_generation | wc -l)
 [ "$left" -eq 0 ] || { echo "FAIL: files left behind:"; find "$work" -mindepth 1; failures=$((failures + 1)); }
 # A valid --json is written (single device: it used to fail for every path).
 if ! (cd "$work" && "$mlacp" verify --single-device --case tiny-causal --json "$work/ok.json" >/dev/null 2>&1) \
