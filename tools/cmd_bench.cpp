@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "memory_check.h"
 #include "output_file.h"
+#include "option_checks.h"
 #include "plan_command.h"
 #include "core/compat.h"
 #include "core/device.h"
@@ -142,14 +143,13 @@ std::string joined(const std::set<std::string>& labels) {
 
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   CLI::App* cmd = app.add_subcommand("bench", "step time and exposed communication per strategy, overlap off/on");
-  cmd->add_option("--nproc", a.nproc, "local ranks (CP degree)")->check(CLI::Range(2, 64));
+  cmd->add_option("--nproc", a.nproc, "local ranks (CP degree)")->check(int_range(2, 64));
   cmd->add_option("--strategy", a.strategies, "strategies to run (default both), or auto (the planner's choice)")
       ->delimiter(',');
   cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P), or auto (the planner's choice)");
-  cmd->add_option("--plan-hardware", a.plan_hardware,
-                  "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
-  cmd->add_option("--seq", a.seq, "global sequence length")->check(CLI::Range(1, 1 << 22));
-  cmd->add_option("--batch", a.batch, "batch")->check(CLI::Range(1, 65536));
+  add_plan_hardware_option(cmd, a.plan_hardware);
+  cmd->add_option("--seq", a.seq, "global sequence length")->check(int_range(1, 1 << 22));
+  cmd->add_option("--batch", a.batch, "batch")->check(int_range(1, 65536));
   cmd->add_option("--hidden", a.hidden, "hidden size");
   cmd->add_option("--heads", a.heads, "heads");
   cmd->add_option("--q-rank", a.q_rank, "q latent rank");
@@ -159,10 +159,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--value", a.value, "value dim");
   cmd->add_flag("--gate", a.gate, "output gate");
   cmd->add_option("--dtype", a.dtype, "float32 | bfloat16 (autocast) | float64");
-  cmd->add_option("--steps", a.steps, "timed steps per configuration")->check(CLI::Range(1, 1000));
-  cmd->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::Range(0, 100));
-  cmd->add_option("--bandwidth-gbps", a.bandwidth_gbps, "emulated link bandwidth, GB/s (0: none)");
-  cmd->add_option("--latency-us", a.latency_us, "emulated link latency, microseconds");
+  cmd->add_option("--steps", a.steps, "timed steps per configuration")->check(int_range(1, 1000));
+  cmd->add_option("--warmup", a.warmup, "untimed steps first")->check(int_range(0, 100));
+  cmd->add_option("--bandwidth-gbps", a.bandwidth_gbps, "emulated link bandwidth, GB/s (0: none)")->check(non_negative());
+  cmd->add_option("--latency-us", a.latency_us, "emulated link latency, microseconds")->check(non_negative());
   cmd->add_flag("--auto-link", a.auto_link,
                 "size the link per strategy so each overlapped transfer takes at most --transfer-fraction of the "
                 "computation under it (measured without a link first)");
@@ -171,9 +171,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   cmd->add_flag("!--no-batch-sched", a.batch_scheduling,
                 "keep the default scheduler (bench runs ranks under SCHED_BATCH: backend threads do not preempt the "
                 "computation they overlap)");
-  cmd->add_option("--json", a.json_path, "also write the results as JSON");
-  cmd->add_option("--trace", a.trace_dir, "write one Chrome/Perfetto trace per rank and configuration here");
-  cmd->add_option("--timeout", a.timeout_s, "collective timeout, seconds");
+  cmd->add_option("--json", a.json_path, "also write the results as JSON")->check(output_file());
+  cmd->add_option("--trace", a.trace_dir, "write one Chrome/Perfetto trace per rank and configuration here")
+      ->check(output_folder());
+  add_timeout_option(cmd, a.timeout_s, "collective timeout in seconds (a dead peer is an error after it)");
   add_device_options(cmd, a.device);
   return cmd;
 }
@@ -275,13 +276,6 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
 }
 
 int run_bench(const CommonArgs& common, const BenchArgs& a) {
-  if (!a.json_path.empty()) check_output_file("--json", a.json_path);  // before any rank starts
-  MLACP_REQUIRE(std::isfinite(a.bandwidth_gbps) && a.bandwidth_gbps >= 0.0, "bench",
-                "--bandwidth-gbps must be a finite number >= 0 (0: no emulated bandwidth limit)",
-                {got("bandwidth_gbps", a.bandwidth_gbps)}, "pass e.g. --bandwidth-gbps 0.5, or --auto-link");
-  MLACP_REQUIRE(std::isfinite(a.latency_us) && a.latency_us >= 0.0, "bench",
-                "--latency-us must be a finite number >= 0", {got("latency_us", a.latency_us)},
-                "pass e.g. --latency-us 20");
   if (is_auto(a)) {
     // Resolved once, by the launcher (the ranks get the choice on their command line), or on
     // every rank alike under torchrun, where only a profile or file gives every rank one answer.

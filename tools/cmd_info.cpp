@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include "commands.h"
+#include "option_checks.h"
 #include "comm/gloo_probe.h"
 #include "core/device.h"
 #include "kernels/float32_gemm.h"
@@ -16,7 +17,7 @@ namespace mlacp::tools {
 
 CLI::App* add_info_command(CLI::App& app, InfoArgs& args) {
   CLI::App* cmd = app.add_subcommand("info", "LibTorch version, BLAS, threads, Gloo, measured GEMM GFLOP/s");
-  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM timed per dtype")->check(CLI::Range(64, 8192));
+  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM timed per dtype")->check(int_range(64, 8192));
   cmd->add_flag("--skip-gemm", args.skip_gemm, "do not time GEMMs");
   return cmd;
 }

@@ -8,6 +8,7 @@
 #include "mlacp/errors.h"
 #include "mlacp/planner.h"
 #include "output_file.h"
+#include "option_checks.h"
 #include "plan_command.h"
 
 namespace mlacp::tools {
@@ -16,42 +17,44 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "choose strategy, Ulysses degree, partition, overlap (and tp x cp) for a model, S and a cluster");
   add_model_options(cmd, a.model);
-  cmd->add_option("--seq", a.seq, "global sequence length")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--batch", a.batch, "sequences per CP group")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seq", a.seq, "global sequence length")->check(int_range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--batch", a.batch, "sequences per CP group")->check(int_range(1, 1 << 20));
   cmd->add_option("--dtype", a.dtype, "bfloat16 (default) | float32 | float64");
   cmd->add_option("--gpus", a.devices, "devices to split into tp x cp (every split is a candidate; default 8 when neither --gpus nor --cp)")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--cp", a.cp, "fixed CP degree (instead of --gpus)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--tp", a.tp, "fixed TP degree, with --cp")->check(CLI::Range(1, 1024));
+      ->check(int_range(1, 1 << 20));
+  cmd->add_option("--cp", a.cp, "fixed CP degree (instead of --gpus)")->check(int_range(1, 1 << 20));
+  cmd->add_option("--tp", a.tp, "fixed TP degree, with --cp")->check(int_range(1, 1024));
   cmd->add_option("--strategy", a.strategies, "strategies to consider (default both)")->delimiter(',');
   cmd->add_option("--ulysses", a.ulysses, "fixed Ulysses degree (default: every U dividing P)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_range(1, 1 << 20));
   cmd->add_option("--partition", a.partitions, "partitions to consider (default both)")->delimiter(',');
   cmd->add_option("--overlap", a.overlap, "on | off | both (default both)")->check(CLI::IsMember({"on", "off", "both"}));
   cmd->add_flag("!--no-causal", a.causal, "attention over every key (default causal)");
   cmd->add_option("--hardware", a.hardware,
-                  "profile (h100-nvlink-ib, h200-nvlink-ib, h800-nvlink-ib) or a hardware file (default h200-nvlink-ib)");
+                  "profile (h100-nvlink-ib, h200-nvlink-ib, h800-nvlink-ib) or a hardware file (default h200-nvlink-ib)")
+      ->check(profile_or_input_file(hardware_profile_names()));
   cmd->add_flag("--calibrate", a.calibrate,
                 "measure this machine instead (GEMM, attention kernel; the Gloo link and real CP steps on two local ranks)");
   cmd->add_option("--calibrate-seq", a.calibrate_seq, "sequence length of the calibration runs")
-      ->check(CLI::Range(64, 65536));
-  cmd->add_option("--save-hardware", a.save_hardware, "write the hardware (calibrated or loaded) to this JSON file");
+      ->check(int_range(64, 65536));
+  cmd->add_option("--save-hardware", a.save_hardware, "write the hardware (calibrated or loaded) to this JSON file")
+      ->check(output_file());
   cmd->add_flag("--show-hardware", a.show_hardware, "print the hardware's figures as JSON");
   cmd->add_option("--bandwidth-gbps", a.bandwidth_gbps,
                   "link bandwidth inside a node, GB/s per rank (overrides the hardware's, e.g. the real network's figure)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(float_range(0.0, 1e6));
   cmd->add_option("--latency-us", a.latency_us, "link latency inside a node, microseconds (overrides the hardware)")
-      ->check(CLI::Range(0.0, 1e7));
+      ->check(float_range(0.0, 1e7));
   cmd->add_option("--inter-bandwidth-gbps", a.inter_bandwidth_gbps, "link bandwidth across nodes, GB/s per rank")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(float_range(0.0, 1e6));
   cmd->add_option("--emulated-gbps", a.emulated_gbps,
                   "bench's emulated link (its --bandwidth-gbps), GB/s: a transfer takes the longer of it and the hardware's "
                   "link")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(float_range(0.0, 1e6));
   cmd->add_option("--emulated-latency-us", a.emulated_latency_us, "bench's emulated link latency (its --latency-us)")
-      ->check(CLI::Range(0.0, 1e7));
-  cmd->add_option("--rows", a.rows, "candidates shown in the table (--json has all)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--json", a.json_path, "also write the report as JSON");
+      ->check(float_range(0.0, 1e7));
+  cmd->add_option("--rows", a.rows, "candidates shown in the table (--json has all)")->check(int_range(1, 100000));
+  cmd->add_option("--json", a.json_path, "also write the report as JSON")->check(output_file());
   return cmd;
 }
 
@@ -100,8 +103,6 @@ Hardware plan_hardware(const PlanArgs& a) {
 }
 
 int run_plan(const CommonArgs& common, const PlanArgs& a) {
-  if (!a.json_path.empty()) check_output_file("--json", a.json_path);
-  if (!a.save_hardware.empty()) check_output_file("--save-hardware", a.save_hardware);
   MLACP_REQUIRE(a.seq > 0, "plan", "the sequence length is required", {}, "pass --seq S");
   model_config(a.model);  // the model's rules before any calibration run
   const Hardware hw = plan_hardware(a);

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "memory_check.h"
 #include "output_file.h"
+#include "option_checks.h"
 #include "plan_command.h"
 #include "core/format.h"
 #include "mlacp/checkpoint.h"
@@ -31,12 +32,13 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   auto* g = cmd->add_option_group("ad-hoc case", "any of these defines one case (defaults: tiny preset)");
   g->add_option("--preset", a.preset, "tiny | deepseek-v2-lite | deepseek-v3")
       ->each([&a](const std::string&) { a.preset_given = true; });
-  g->add_option("--config", a.config_path, "HuggingFace-style config.json instead of a preset");
+  g->add_option("--config", a.config_path, "HuggingFace-style config.json instead of a preset")->check(input_file());
   g->add_option("--checkpoint", a.checkpoint,
                 "HuggingFace checkpoint folder (config.json + safetensors): its config and the attention weights "
-                "of --layer instead of a seeded random draw");
+                "of --layer instead of a seeded random draw")
+      ->check(input_folder());
   g->add_option("--layer", a.layer, "decoder layer of --checkpoint whose attention is checked (default 0)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+      ->check(int_range(int64_t{0}, int64_t{1} << 30));
   g->add_option("--hidden", a.hidden, "hidden size d");
   g->add_option("--heads", a.heads, "attention heads");
   g->add_option("--q-rank", a.q_rank, "q latent rank Rq (0: none)");
@@ -44,19 +46,18 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--nope", a.nope, "nope dim Dn");
   g->add_option("--rope", a.rope, "rope dim Dr");
   g->add_option("--value", a.value, "value dim Dv");
-  g->add_option("--seq", a.seq, "global sequence length S")->check(CLI::Range(1, 1 << 22));
-  g->add_option("--batch", a.batch, "batch B")->check(CLI::Range(1, 65536));
-  g->add_option("--dp", a.dp, "data-parallel degree")->check(CLI::Range(1, 65536));
-  g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))")->check(CLI::Range(1, 65536));
-  g->add_option("--tp", a.tp, "tensor-parallel degree")->check(CLI::Range(1, 65536));
+  g->add_option("--seq", a.seq, "global sequence length S")->check(int_range(1, 1 << 22));
+  g->add_option("--batch", a.batch, "batch B")->check(int_range(1, 65536));
+  g->add_option("--dp", a.dp, "data-parallel degree")->check(int_range(1, 65536));
+  g->add_option("--cp", a.cp, "context-parallel degree P (default: world / (dp*tp))")->check(int_range(1, 65536));
+  g->add_option("--tp", a.tp, "tensor-parallel degree")->check(int_range(1, 65536));
   g->add_option("--ulysses", a.ulysses, "Ulysses degree U (0 or absent: U = P), or auto (the planner's choice)");
   g->add_option("--strategy", a.strategy, "expanded_ulysses | latent_kv_head | auto (the planner's choice)");
-  g->add_option("--plan-hardware", a.plan_hardware,
-                "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
+  add_plan_hardware_option(g, a.plan_hardware);
   g->add_option("--partition", a.partition, "contiguous | head_tail");
   g->add_option("--causal", a.causal, "true | false")->check(CLI::IsMember({"true", "false", "1", "0"}));
   g->add_option("--doc-ends", a.doc_ends, "packed document ends (global, batch 1)")->delimiter(',');
-  g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)")->check(CLI::Range(1, 1 << 22));
+  g->add_option("--band", a.band, "band mask width (key allowed iff |i-j| < band)")->check(int_range(1, 1 << 22));
   g->add_option("--masked-rows", a.masked_rows, "query rows with no allowed key (with --band)")->delimiter(',');
   g->add_flag("--gate", a.gate, "output gate");
   g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive) | pieces: the CP runtime's attention kernel");
@@ -341,10 +342,9 @@ CLI::App* add_verify_command(CLI::App& app, VerifyArgs& args) {
   cmd->add_option("--case", args.cases, "case name (repeatable; 'all': the full matrix; 'pieces': its structures through the varlen pieces of CUDA tensors, on 4 ranks); default: the quick matrix")->take_all();
   cmd->add_flag("--list", args.list, "list the cases (with every parameter) and exit");
   cmd->add_flag("--single-device", args.single_device, "only the single-device checks, in this process");
-  cmd->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64));
-  cmd->add_option("--timeout", args.timeout_s, "collective timeout in seconds (a dead peer is an error after it)")
-      ->check(CLI::Range(1, 3600));
-  cmd->add_option("--json", args.json_path, "also write the results as JSON to this file");
+  cmd->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(int_range(1, 64));
+  add_timeout_option(cmd, args.timeout_s, "collective timeout in seconds (a dead peer is an error after it)");
+  cmd->add_option("--json", args.json_path, "also write the results as JSON to this file")->check(output_file());
   add_adhoc_options(cmd, args.adhoc);
   add_device_options(cmd, args.device);
   return cmd;
@@ -405,7 +405,6 @@ int run_verify(const CommonArgs& common, const VerifyArgs& args) {
     const auto [chosen, with] = resolve_auto(common, args, launched_as_rank() ? world_from_env().size : args.nproc);
     return run_verify(with, chosen);
   }
-  if (!args.json_path.empty()) check_output_file("--json", args.json_path);  // before any rank starts
   if (args.single_device) {
     MLACP_REQUIRE(!args.device.cuda(), "verify", "--single-device checks the CPU reference against itself",
                   {got("device", args.device.device)},

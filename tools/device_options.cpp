@@ -6,6 +6,7 @@
 
 #include "core/device.h"
 #include "mlacp/errors.h"
+#include "option_checks.h"
 
 namespace mlacp::tools {
 
@@ -19,6 +20,10 @@ void add_device_options(CLI::App* cmd, DeviceArgs& args) {
                   "several ranks on one GPU)")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
       ->capture_default_str();
+}
+
+void add_timeout_option(CLI::App* cmd, int& seconds, const std::string& help) {
+  cmd->add_option("--timeout", seconds, help)->check(int_range(1, 3600))->capture_default_str();
 }
 
 void check_device_args(const DeviceArgs& args, int64_t local_ranks, const std::string& command) {

@@ -18,6 +18,10 @@ struct DeviceArgs {
 };
 
 void add_device_options(CLI::App* cmd, DeviceArgs& args);
+// --timeout SECONDS of the commands that build process groups: GroupOptions::timeout, for the
+// rendezvous and every collective, an integer in [1, 3600] (0 or less would make every wait fail
+// at once: Gloo's "Invalid timeout").
+void add_timeout_option(CLI::App* cmd, int& seconds, const std::string& help);
 
 // Every rule of the two options, before any rank starts (the launcher, for `local_ranks` ranks on
 // this host) and again in each rank (torchrun): a CUDA device needs a LibTorch with CUDA and a

@@ -3,6 +3,7 @@
 #include "memory_check.h"
 
 #include "output_file.h"
+#include "option_checks.h"
 
 #include <algorithm>
 #include <chrono>
@@ -172,21 +173,21 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
       "bench-kernel", "blockwise attention GFLOP/s (forward, forward+backward) vs this machine's GEMM, peak memory");
   cmd->add_option("--seq", args.seq_lens, "sequence lengths S (comma-separated; 32768 fwd+bwd takes minutes)")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
+      ->check(int_range(int64_t{1}, int64_t{1} << 22));
   cmd->add_option("--dtype", args.dtypes, "float32 | bfloat16 (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--mask", args.masks, "causal | full (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"causal", "full"}));
-  cmd->add_option("--batch", args.batch, "batch B")->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", args.heads, "heads H")->check(CLI::PositiveNumber);
-  cmd->add_option("--dqk", args.dqk, "query/key head dim")->check(CLI::PositiveNumber);
-  cmd->add_option("--dv", args.dv, "value head dim")->check(CLI::PositiveNumber);
-  cmd->add_option("--repeats", args.repeats, "timed calls per row (median reported)")->check(CLI::Range(1, 1000));
-  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM yardstick")->check(CLI::Range(64, 8192));
-  cmd->add_option("--block-q", args.block_q, "query rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
-  cmd->add_option("--block-k", args.block_k, "key rows per block (0: kernel default)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--batch", args.batch, "batch B")->check(positive());
+  cmd->add_option("--heads", args.heads, "heads H")->check(positive());
+  cmd->add_option("--dqk", args.dqk, "query/key head dim")->check(positive());
+  cmd->add_option("--dv", args.dv, "value head dim")->check(positive());
+  cmd->add_option("--repeats", args.repeats, "timed calls per row (median reported)")->check(int_range(1, 1000));
+  cmd->add_option("--gemm-size", args.gemm_size, "n of the n×n×n GEMM yardstick")->check(int_range(64, 8192));
+  cmd->add_option("--block-q", args.block_q, "query rows per block (0: kernel default)")->check(int_range(0, 4096));
+  cmd->add_option("--block-k", args.block_k, "key rows per block (0: kernel default)")->check(int_range(0, 4096));
   cmd->add_flag("--skip-backward", args.skip_backward, "time the forward only");
   std::vector<std::string> path_names;
   for (const auto& [name, path] : kPaths) path_names.push_back(name);
@@ -200,12 +201,11 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
                   "them) (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"bhsd", "bshd"}));
-  cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE");
+  cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE")->check(output_file());
   return cmd;
 }
 
 int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
-  if (!args.json_path.empty()) check_output_file("--json", args.json_path);
   for (const std::string& path : args.paths) {
     bool used = false;
     for (const std::string& dtype : args.dtypes) used = used || computes(path, dtype);

@@ -16,15 +16,16 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <system_error>
 #include <utility>
 
 #include "mlacp/errors.h"
+#include "temp_files.h"
 
 extern char** environ;
 
@@ -49,7 +50,7 @@ struct Rank {
   int index = 0;
   pid_t pid = -1;  // also its process group id
   Stream out, err;
-  std::string last_error;  // last non-empty stderr line
+  std::string last_error;  // last error line on stderr (is_error_line)
   bool running = false;
   int status = 0;  // waitpid status once it has exited
 };
@@ -227,8 +228,19 @@ void start_ranks(std::vector<Rank>& ranks, const LaunchOptions& options, const s
 
 // ---- output ------------------------------------------------------------------------------------
 
+// Whether a rank's stderr line reports an error, the one the launcher quotes when the rank fails:
+// mlacp's own ("mlacp: ...", "mlacp launch: ..."), or one that says error or fatal (a sanitizer's
+// report, the C++ runtime's "terminate called ..."). A progress or info line ("train: resumed
+// from ...") is none: a rank killed after printing one has no last error.
+bool is_error_line(const std::string& line) {
+  if (line.rfind("mlacp", 0) == 0 || line.rfind("terminate called", 0) == 0) return true;
+  std::string lower = line;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower.find("error") != std::string::npos || lower.find("fatal") != std::string::npos;
+}
+
 void emit(Rank& rank, bool is_err, const std::string& line, Sinks& sinks) {
-  if (is_err && line.find_first_not_of(" \t\r") != std::string::npos) rank.last_error = line;
+  if (is_err && is_error_line(line)) rank.last_error = line;
   std::ostream& sink = is_err ? sinks.err : sinks.out;
   if (is_err || rank.index != 0) sink << "[rank " << rank.index << "] ";
   sink << line << '\n';
@@ -365,8 +377,7 @@ Outcome supervise(std::vector<Rank>& ranks, std::chrono::milliseconds grace, Sin
 }  // namespace
 
 RendezvousFolder::RendezvousFolder() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mlacp-rendezvous-XXXXXX";
+  std::string pattern = owned_temp_path("rendezvous") + "-XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) throw_errno("create the rendezvous folder " + pattern);
   path_ = pattern;
 }
@@ -402,6 +413,7 @@ int launch_local(const LaunchOptions& options, const std::vector<std::string>& a
                 "the master port must be in [0, 65535]", {got("master_port", options.master_port)},
                 "use 0 to pick a free port");
   const int port = options.master_port > 0 ? options.master_port : pick_free_port();
+  remove_stale_temp_files();  // what launches killed by SIGKILL left (temp_files.h)
   // The ranks meet over a FileStore in a folder only this user can enter: no rendezvous port
   // listens on any interface (Gloo's own connections bind 127.0.0.1). Removed when the ranks end.
   const RendezvousFolder folder;
@@ -428,8 +440,8 @@ int launch_local(const LaunchOptions& options, const std::vector<std::string>& a
   }
   if (outcome.failed != nullptr) {
     const Rank& r = *outcome.failed;
-    err << "mlacp launch: rank " << r.index << " failed (" << describe(r.status)
-        << "); last error: " << (r.last_error.empty() ? "(none)" : r.last_error) << std::endl;
+    err << "mlacp launch: rank " << r.index << " failed (" << describe(r.status) << "); last error: "
+        << (r.last_error.empty() ? "(none: it printed no error line)" : r.last_error) << std::endl;
     return exit_code(r.status);
   }
   if (outcome.signal != 0) {

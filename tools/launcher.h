@@ -22,14 +22,16 @@ struct LaunchOptions {
 // every other line prefixed "[rank r] " (stderr lines of every rank prefixed too, written to our stderr).
 // Fails fast: when a rank exits non-zero or dies by a signal, the others get SIGTERM (then SIGKILL
 // after grace) and the launcher prints to stderr one line
-//   "mlacp launch: rank R failed (exit code C | signal NAME); last error: <last non-empty stderr line of R>"
+//   "mlacp launch: rank R failed (exit code C | signal NAME); last error: <R's last error line on stderr>"
+// (an error line: mlacp's own "mlacp..." lines, or one saying error or fatal; info lines are not)
 // and returns that rank's exit code (128+signal for a signal). Returns 0 when all ranks exit 0.
 int launch_local(const LaunchOptions& options, const std::vector<std::string>& args);
 // Picks a free TCP port on 127.0.0.1 (bind to port 0, read it, close).
 int pick_free_port();
 
 // A fresh folder under $TMPDIR (or /tmp), mode 0700, for the ranks' FileStore
-// (MLACP_RENDEZVOUS_FILE); removed with everything in it on destruction.
+// (MLACP_RENDEZVOUS_FILE), named after this process (temp_files.h: a launch removes what killed
+// launches left); removed with everything in it on destruction.
 class RendezvousFolder {
  public:
   RendezvousFolder();
@@ -53,6 +55,8 @@ class RendezvousFolder {
 //   The previous handlers are restored on return. One launch at a time per process.
 // - Children get stdin from /dev/null and die with the launcher (PR_SET_PDEATHSIG).
 // - A rank that cannot be executed exits 127 (not found) or 126 and is reported like any failure.
+// - Before it starts the ranks, removes what launches killed by SIGKILL left under $TMPDIR
+//   (remove_stale_temp_files, temp_files.h).
 // - Throws mlacp::Error for bad options and std::system_error when pipes or fork fail.
 int launch_local(const LaunchOptions& options, const std::vector<std::string>& args, std::ostream& out,
                  std::ostream& err);

@@ -15,6 +15,7 @@
 #include "kernel_bench.h"
 #include "launcher.h"
 #include "memory_check.h"
+#include "option_checks.h"
 #include "plan_command.h"
 #include "train_command.h"
 #include "mlacp/errors.h"
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
   CommonArgs common;
   common.argv.assign(argv, argv + argc);
   app.add_option("--threads", common.threads, "intra-op threads per process (0 = cores / local ranks)")
-      ->check(CLI::Range(0, 1024));
+      ->check(int_range(0, 1024));
   app.add_flag("--pin-cores", common.pin_cores, "pin each local rank to its own cores (steadier benchmarks)");
   app.add_flag("--batch-sched", common.batch_scheduling,
                "run ranks under SCHED_BATCH: backend threads do not preempt computation (CPU hosts)");

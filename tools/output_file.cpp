@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "mlacp/errors.h"
 
@@ -17,17 +16,6 @@ namespace {
 }
 
 }  // namespace
-
-void check_output_file(const std::string& flag, const std::string& path) {
-  if (path.empty()) fail_write(flag, path, "empty path");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail_write(flag, path, "it is a folder");
-  const bool existed = std::filesystem::exists(path, ec);
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) fail_write(flag, path, std::strerror(errno));
-  std::fclose(f);
-  if (!existed) std::filesystem::remove(path, ec);
-}
 
 void write_output_file(const std::string& flag, const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "w");

@@ -1,15 +1,14 @@
-// Output files named on the command line (--json, ...): checked before any work or rank starts,
-// written with their failure reported, never ignored.
+// Output files named on the command line (--json, ...): written with their failure reported,
+// never ignored. (Whether the path can be written at all is checked while the command line is
+// parsed: option_checks.h's output_file().)
 #pragma once
 
 #include <string>
 
 namespace mlacp::tools {
 
-// Throws mlacp::Error (naming the flag, the path and the reason) unless `path` can be opened for
-// writing: its folder exists, it is not a folder, it is writable. Leaves no file behind.
-void check_output_file(const std::string& flag, const std::string& path);
-// Writes `text` to `path`; throws mlacp::Error when the write or the close fails.
+// Writes `text` to `path`; throws mlacp::Error (naming the flag, the path and the reason) when
+// the write or the close fails.
 void write_output_file(const std::string& flag, const std::string& path, const std::string& text);
 
 }  // namespace mlacp::tools

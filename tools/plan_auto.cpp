@@ -7,12 +7,14 @@
 
 #include "mlacp/errors.h"
 #include "plan_command.h"
+#include "option_checks.h"
 
 namespace mlacp::tools {
 
 void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--preset", a.preset, "model preset: deepseek-v3 (default), deepseek-v2-lite, tiny");
-  cmd->add_option("--config", a.config_path, "HuggingFace config.json of the model (instead of --preset)");
+  cmd->add_option("--config", a.config_path, "HuggingFace config.json of the model (instead of --preset)")
+      ->check(input_file());
   cmd->add_option("--hidden", a.hidden, "hidden size (overrides the preset or config)");
   cmd->add_option("--heads", a.heads, "heads");
   cmd->add_option("--q-rank", a.q_rank, "q latent rank");
@@ -21,6 +23,12 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--rope", a.rope, "rope dim");
   cmd->add_option("--value", a.value, "value dim");
   cmd->add_flag("--gate", a.gate, "output gate");
+}
+
+void add_plan_hardware_option(CLI::App* cmd, std::string& hardware) {
+  cmd->add_option("--plan-hardware", hardware,
+                  "with auto: the planner's hardware, a profile or file (default: calibrate this machine)")
+      ->check(profile_or_input_file(hardware_profile_names()));
 }
 
 MlaConfig model_config(const ModelArgs& a) {

@@ -62,6 +62,9 @@ struct AutoPlanQuery {
   bool causal = true;
 };
 PlanReport plan_for_auto(const AutoPlanQuery& query);
+// --plan-hardware of verify, bench and train: a profile name or a hardware file (checked while
+// parsing), for AutoPlanQuery::hardware.
+void add_plan_hardware_option(CLI::App* cmd, std::string& hardware);
 // "auto: <choice> (planner: ...)" lines for the command's output.
 std::string auto_choice_text(const PlanReport& report);
 // The command line with each flag's value replaced by the given one (`--flag V` and `--flag=V`),

@@ -28,10 +28,11 @@
 #include "core/format.h"
 #include "launcher.h"
 #include "memory_check.h"
-#include "output_file.h"
+#include "option_checks.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
 #include "table.h"
+#include "temp_files.h"
 #include "train/trainer.h"
 #include "core/threads.h"
 
@@ -85,6 +86,7 @@ train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   c.checkpoint_dir = a.checkpoint;
   c.checkpoint_every = a.checkpoint_every;
   c.resume = a.resume;
+  c.resume_fallback = a.resume_fallback;
   return c;
 }
 
@@ -131,7 +133,7 @@ struct Curve {
 // Loss against step, one line per curve, written by gnuplot to `png`.
 void write_loss_plot(const std::string& png, const std::string& title, const std::vector<Curve>& curves) {
   require_gnuplot();
-  const fs::path work = fs::temp_directory_path() / ("mlacp-plot-" + std::to_string(getpid()));
+  const fs::path work = owned_temp_path("plot");  // a kill's leftover goes at the next launch
   fs::create_directories(work);
   std::ostringstream script;
   script << "set terminal pngcairo size 960,560 font ',11'\nset output " << quoted(png) << "\n"
@@ -375,6 +377,8 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   const bool own_report = args.progress_log.empty();
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string resumed_from = prepared.resume_from ? prepared.resume_from->folder : "";
+  std::string passed_over;  // --resume-fallback: the damaged newer generations, said with the resume
+  for (const std::string& damaged : prepared.resume_passed_over) passed_over += "; passed over the damaged " + damaged;
 
   const GroupOptions options = group_options_for(args.device, config.device, args.timeout_s);
   Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
@@ -392,7 +396,7 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
     if (own_report) progress = std::make_unique<Progress>(layout_label(config), config.steps);
     if (resumed > 0)
       std::cerr << "train: resumed from " << resumed_from << " (the newest complete checkpoint) at step "
-                << resumed << "\n";
+                << resumed << passed_over << "\n";
   }
   while (!trainer.done()) {
     // The record is written before the step's checkpoint (a kill between them leaves the log a
@@ -434,7 +438,7 @@ std::vector<std::string> rank_arguments(const CommonArgs& common, const std::set
 }
 
 std::string temp_log_path(const std::string& tag) {
-  return (fs::temp_directory_path() / ("mlacp-train-" + std::to_string(getpid()) + "-" + tag + ".jsonl")).string();
+  return owned_temp_path("train") + "-" + tag + ".jsonl";  // a kill's leftover goes at the next launch
 }
 
 // Launches `nproc` local ranks with `args` while drawing the progress bar from `follow_log`.
@@ -452,7 +456,6 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
 int run_launcher(const CommonArgs& common, const TrainArgs& args) {
   const train::PreparedTraining prepared = prepare_rank(args, args.nproc, args.nproc);  // errors once, before any launch
   if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(prepared.config), args.nproc);
-  if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before training, not after it
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
   fs::remove(follow);
@@ -505,7 +508,6 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
     check_run_memory(common, kWhat, train::training_memory(s.config), 1);
   }
   if (!args.reference.empty()) read_reference_log(args.reference);
-  if (!args.plot.empty()) check_output_file("--plot", args.plot);  // before any folder or run
   fs::create_directories(args.out_dir);
   const std::string parallel_log = (fs::path(args.out_dir) / "train-parallel.jsonl").string();
   const std::string single_log = (fs::path(args.out_dir) / "train-single.jsonl").string();
@@ -570,54 +572,66 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
 CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   CLI::App* cmd = app.add_subcommand("train", "train a small MLA decoder on the shipped corpus with context parallelism");
   auto* layout = cmd->add_option_group("layout", "ranks and parallel degrees (world = dp x cp x tp)");
-  layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(CLI::Range(1, 64))->capture_default_str();
+  layout->add_option("--nproc", args.nproc, "local ranks to launch (ignored under torchrun)")->check(int_range(1, 64))->capture_default_str();
   layout->add_option("--cp", args.cp, "context-parallel degree P (default: world / (dp*tp))")
-      ->check(CLI::Range(1, 65536));
-  layout->add_option("--dp", args.dp, "data-parallel degree")->capture_default_str()->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
+  layout->add_option("--dp", args.dp, "data-parallel degree")->capture_default_str()->check(int_range(1, 65536));
   layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
   layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P), or auto (the planner's choice)")
       ->capture_default_str();
   layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head | auto (the planner's choice)")
       ->capture_default_str();
-  layout->add_option("--plan-hardware", args.plan_hardware,
-                     "with auto: the planner's hardware, a profile or file (default: calibrate this machine)");
+  add_plan_hardware_option(layout, args.plan_hardware);
   layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();
   layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
   auto* model = cmd->add_option_group("model and data");
   model->add_option("--preset", args.preset, "decoder preset: small | test")
       ->capture_default_str()
       ->each([&args](const std::string&) { args.preset_given = true; });
-  model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset");
+  model->add_option("--config", args.config_path, "HuggingFace-style config.json instead of a preset")
+      ->check(input_file());
   model->add_option("--hf-checkpoint", args.hf_checkpoint,
                     "HuggingFace checkpoint folder (config.json + safetensors) of a dense DeepSeek-V3-style decoder "
-                    "with vocab_size 256: the model's config and every initial parameter (a new run, not --resume)");
+                    "with vocab_size 256: the model's config and every initial parameter (a new run, not --resume)")
+      ->check(input_folder());
   model->add_option("--layers", args.layers, "number of decoder layers (overrides the preset/config)")
-      ->check(CLI::Range(1, 1024));
-  model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)");
+      ->check(int_range(1, 1024));
+  model->add_option("--corpus", args.corpus, "corpus file or folder of *.txt (default: the shipped data/corpus/)")
+      ->check(input_path());
   auto* run = cmd->add_option_group("run");
   run->add_option("--dtype", args.dtype, "float64 | float32 | bfloat16 (float32 parameters, bf16 autocast)")->capture_default_str();
   run->add_option("--steps", args.steps, "last training step")->capture_default_str();
   run->add_option("--seq", args.seq, "packed sequence length S (global, split over CP)")->capture_default_str();
   run->add_option("--batch", args.batch, "packed sequences per step (global, split over DP)")->capture_default_str();
-  run->add_option("--lr", args.lr, "peak learning rate (AdamW)")->capture_default_str();
+  run->add_option("--lr", args.lr, "peak learning rate (AdamW)")->check(positive())->capture_default_str();
   run->add_option("--warmup", args.warmup, "linear learning-rate warmup steps")->capture_default_str();
-  run->add_option("--weight-decay", args.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
-  run->add_option("--clip", args.clip, "max global gradient norm (0: off)")->capture_default_str();
+  run->add_option("--weight-decay", args.weight_decay, "AdamW weight decay on matrices")
+      ->check(non_negative())
+      ->capture_default_str();
+  run->add_option("--clip", args.clip, "max global gradient norm (0: off)")->check(non_negative())->capture_default_str();
   run->add_option("--seed", args.seed, "seed of parameters and data order")->capture_default_str();
-  run->add_option("--checkpoint", args.checkpoint, "checkpoint folder (written after the last step)");
+  run->add_option("--checkpoint", args.checkpoint, "checkpoint folder (written after the last step)")
+      ->check(output_folder());
   run->add_option("--checkpoint-every", args.checkpoint_every, "also write the checkpoint every N steps")->capture_default_str();
-  run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint");
-  run->add_option("--timeout", args.timeout_s, "collective timeout in seconds")->check(CLI::Range(1, 3600))->capture_default_str();
+  run->add_flag("--resume", args.resume, "continue from the checkpoint in --checkpoint (its newest generation)");
+  run->add_flag("--resume-fallback", args.resume_fallback,
+                "with --resume: when the newest generation is damaged (an error otherwise), resume from the newest "
+                "complete older one and name the damaged ones");
+  add_timeout_option(run, args.timeout_s, "collective timeout in seconds (a dead peer is an error after it)");
   add_device_options(run, args.device);
   auto* out = cmd->add_option_group("output");
-  out->add_option("--log", args.log, "write one JSON line per step (step, loss, tokens_per_s, grad_norm, time_s)");
-  out->add_option("--plot", args.plot, "write the loss curve(s) as PNG (gnuplot)");
-  out->add_option("--reference", args.reference, "a reference run's JSONL log: overlaid on the plot and compared");
+  out->add_option("--log", args.log, "write one JSON line per step (step, loss, tokens_per_s, grad_norm, time_s)")
+      ->check(output_file());
+  out->add_option("--plot", args.plot, "write the loss curve(s) as PNG (gnuplot)")->check(output_file());
+  out->add_option("--reference", args.reference, "a reference run's JSONL log: overlaid on the plot and compared")
+      ->check(input_file());
   out->add_flag("--compare", args.compare,
                 "train with the layout (default 4 ranks, cp=4), then on 1 rank without CP; compare the loss curves");
-  out->add_option("--out", args.out_dir, "--compare: folder for both logs and the default plot")->capture_default_str();
+  out->add_option("--out", args.out_dir, "--compare: folder for both logs and the default plot")
+      ->check(output_folder())
+      ->capture_default_str();
   // Internal: the launcher's copy of the log, which it follows for the progress bar.
   cmd->add_option(kProgressLogOption, args.progress_log, "")->group("");
   return cmd;

@@ -6,7 +6,8 @@
 //                                      relative difference of the loss curves, both runs'
 //                                      tokens/s and the plot path; exit 1 if the curves disagree
 //   mlacp train --cp 2 --tp 2 --strategy expanded --dtype bfloat16 --steps 100 --log run.jsonl
-//   mlacp train --checkpoint ckpt --steps 100 --resume    continue a run
+//   mlacp train --checkpoint ckpt --steps 100 --resume    continue a run (--resume-fallback: past a
+//                                      damaged newest generation, from the newest complete one)
 //   mlacp train --hf-checkpoint DIR --steps 100          start from a HuggingFace checkpoint's weights
 // Under torchrun (RANK/WORLD_SIZE set) it runs as one rank of that launch.
 #pragma once
@@ -46,6 +47,7 @@ struct TrainArgs {
   std::string checkpoint;
   int64_t checkpoint_every = 0;
   bool resume = false;
+  bool resume_fallback = false;  // with --resume: a damaged newest generation falls back to an older one
   // output
   std::string log;        // one JSON line per step
   std::string plot;       // PNG of the loss curve(s) (gnuplot)

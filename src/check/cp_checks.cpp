@@ -1,5 +1,6 @@
 #include "check/cp_checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -153,6 +154,31 @@ void validate_cp_case(const CpCase& c, int64_t world_size) {
     MLACP_REQUIRE(matches, kWhat, "a --frozen prefix must match a parameter of the layer (or be 'hidden')",
                   {got("frozen", prefix), got("parameters", all)}, "pass a prefix of one of the parameter names");
   }
+  const bool all_frozen = is_frozen(c, "hidden") && std::all_of(names.begin(), names.end(), [&c](const std::string& n) {
+                            return is_frozen(c, n);
+                          });
+  if (all_frozen) {
+    std::string frozen;
+    for (const std::string& prefix : c.frozen) frozen += (frozen.empty() ? "" : ",") + prefix;
+    fail(kWhat,
+         "at least one input or parameter must require a gradient (the check compares gradients; backward "
+         "needs one): --frozen freezes the input and every parameter",
+         {got("frozen", frozen)}, "leave 'hidden' or one parameter prefix out of --frozen");
+  }
+  // Packed documents are given by their ends: each after the previous one, the first after 0 (a
+  // repeated end, or a leading 0, would be an empty document), the last at S.
+  int64_t previous_end = 0;
+  for (int64_t end : c.base.document_ends) {
+    MLACP_REQUIRE(end > previous_end, kWhat,
+                  "--doc-ends are the documents' ends: each greater than the one before (the first > 0), so no "
+                  "document is empty",
+                  {got("doc_ends", c.base.document_ends), got("empty_document_end", end)},
+                  "drop the repeated end (or a leading 0), e.g. --doc-ends 16,32 for two documents of 16 tokens");
+    previous_end = end;
+  }
+  MLACP_REQUIRE(c.base.document_ends.empty() || previous_end == c.base.seq_len, kWhat,
+                "the last --doc-ends value must be the sequence length (the last document ends with it)",
+                {got("doc_ends", c.base.document_ends), got("seq", c.base.seq_len)}, "end the list with S");
   MLACP_REQUIRE(c.base.batch % c.mesh.dp == 0, kWhat, "batch must be divisible by dp (each DP rank takes B/dp rows)",
                 {got("batch", c.base.batch), got("dp", c.mesh.dp)}, "choose a batch that dp divides");
   MLACP_REQUIRE(c.dtype == at::kDouble || c.dtype == at::kFloat || c.dtype == at::kBFloat16, kWhat,

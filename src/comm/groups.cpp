@@ -1,8 +1,13 @@
 // Rendezvous and group construction: one store, one prefix per group, created in the same order
 // on every rank (each rank builds only the groups it belongs to).
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <sstream>
+
+#include <c10/util/Logging.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -47,6 +52,46 @@ std::string backend_for(const GroupOptions& options) {
   // device: Gloo moves CPU tensors
   if (options.device.is_cpu()) return "gloo";
   return options.backend == CommBackend::gloo ? "gloo" : "nccl";
+}
+
+// c10d's own log lines are off while the TCP store connects: glog's "[c10d] ..." lines on stderr,
+// one a second while a client retries, before mlacp's own line. The exception the store throws
+// carries the same text, which becomes the mlacp error's cause. c10d logs only at levels >=
+// caffe2_log_level (its ERROR is 2); TORCH_CPP_LOG_LEVEL, LibTorch's switch for its logs, is
+// honoured when set. The flag is process-wide: other threads' c10d lines are off for that time too.
+class QuietC10dLog {
+ public:
+  QuietC10dLog() : active_(std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr), saved_(FLAGS_caffe2_log_level) {
+    if (active_) FLAGS_caffe2_log_level = 3;  // above c10d's ERROR
+  }
+  ~QuietC10dLog() {
+    if (active_) FLAGS_caffe2_log_level = saved_;
+  }
+  QuietC10dLog(const QuietC10dLog&) = delete;
+  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+
+ private:
+  bool active_;
+  int saved_;
+};
+
+// MASTER_ADDR must name a host this one can resolve (c10d's store would retry a name that does
+// not until the timeout): an input error, or a fault when the resolver itself did not answer.
+void check_master_addr(const WorldInfo& world) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = world.master_addr.empty() ? EAI_NONAME : getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &found);
+  if (found) freeaddrinfo(found);
+  if (rc == 0) return;
+  std::vector<ErrorValue> values{got("MASTER_ADDR", world.master_addr), got("rank", world.rank),
+                                 got("cause", world.master_addr.empty() ? "empty" : gai_strerror(rc))};
+  if (rc == EAI_AGAIN)
+    fail_fault(kWhat, "MASTER_ADDR could not be resolved: the name resolver did not answer", values,
+               "check this host's network and DNS, or set MASTER_ADDR to rank 0's IP address");
+  fail(kWhat, "MASTER_ADDR must be a host name or address that resolves on this host", values,
+       "set MASTER_ADDR to rank 0's host name or IP address (127.0.0.1 when every rank runs on this host)");
 }
 
 }  // namespace
@@ -229,9 +274,11 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
   // Rank 0 does not wait here for the others to connect: the groups' own rendezvous waits for
   // them, so a missing rank costs one --timeout, not two.
   store_options.waitWorkers = false;
+  check_master_addr(world);
   Rendezvous r;
   r.impl_ = std::make_shared<Impl>();
   try {
+    const QuietC10dLog quiet;
     r.impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (const std::exception& e) {
     const std::string cause = first_line(e.what());

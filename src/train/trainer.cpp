@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <optional>
 #include <cmath>
 #include <filesystem>
@@ -26,14 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kWhat = "train";
-constexpr const char* kMetaFile = "meta.json";
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string shard_file(const std::string& dir, int64_t tp_rank, int64_t tp) {
-  return (fs::path(dir) / ("tp" + std::to_string(tp_rank) + "-of-" + std::to_string(tp) + ".pt")).string();
 }
 
 int64_t ulysses_of(const MeshShape& m) { return m.ulysses == 0 ? m.cp : m.ulysses; }
@@ -64,6 +58,19 @@ void check_resumable(const TrainConfig& c, const CheckpointMeta& meta) {
                 "resume with the settings of the run that wrote it (dp, cp, strategy and partition may change)");
   MLACP_REQUIRE(meta.step <= c.steps, kWhat, "the checkpoint is already past the last step",
                 {got("checkpoint.step", meta.step), got("steps", c.steps)}, "raise --steps to continue training");
+}
+
+// A shard of generation `meta` that cannot be used: an error of kind fault naming it, with the
+// previous complete generation as the way out (looked up only now: the folder scan reads every
+// generation's meta.json).
+[[noreturn]] void fail_damaged_shard(const std::string& checkpoint_dir, const CheckpointMeta& meta,
+                                     const std::string& file, const std::string& rule, std::vector<ErrorValue> values) {
+  std::string way = "resume from an earlier complete checkpoint";
+  for (const CheckpointMeta& g : complete_generations(checkpoint_dir))
+    if (g.step < meta.step)
+      way = "remove " + meta.folder + " to resume from " + g.folder + " (step " + std::to_string(g.step) + ")";
+  values.insert(values.begin(), got("file", file));
+  fail_fault(kWhat, rule, std::move(values), way);
 }
 
 }  // namespace
@@ -163,85 +170,6 @@ std::vector<StepRecord> read_step_log(const std::string& path, bool drop_torn_la
   return records;
 }
 
-namespace {
-
-std::string generation_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
-  return name;
-}
-
-// meta.json of one generation folder, or why it is not usable (a torn or foreign folder).
-struct GenerationRead {
-  std::optional<CheckpointMeta> meta;
-  std::string problem;
-};
-
-GenerationRead read_generation(const fs::path& folder) {
-  const fs::path path = folder / kMetaFile;
-  std::ifstream in(path);
-  if (!in.good()) return {std::nullopt, "no meta.json"};
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (!j.is_object()) return {std::nullopt, path.string() + " is not a JSON object"};
-  for (const char* field : {"step", "data_position", "tp"})
-    if (!j.contains(field) || !j.at(field).is_number_integer())
-      return {std::nullopt, path.string() + ": \"" + field + "\" is missing or not an integer"};
-  for (const char* field : {"seq_len", "batch", "seed"})
-    if (j.contains(field) && !j.at(field).is_number_integer())
-      return {std::nullopt, path.string() + ": \"" + field + "\" is not an integer"};
-  for (const char* field : {"model", "dtype"})
-    if (j.contains(field) && !j.at(field).is_string())
-      return {std::nullopt, path.string() + ": \"" + field + "\" is not a string"};
-  CheckpointMeta m;
-  m.step = j.at("step").get<int64_t>();
-  m.data_position = j.at("data_position").get<int64_t>();
-  m.tp = j.at("tp").get<int64_t>();
-  if (m.step < 0 || m.data_position < 0 || m.tp < 1)
-    return {std::nullopt, path.string() + ": step, data_position must be >= 0 and tp >= 1"};
-  m.model = j.value("model", "");
-  m.seq_len = j.value("seq_len", int64_t{0});
-  m.batch = j.value("batch", int64_t{0});
-  m.dtype = j.value("dtype", "");
-  m.seed = j.value("seed", uint64_t{0});
-  m.folder = folder.string();
-  for (int64_t r = 0; r < m.tp; ++r)
-    if (!fs::exists(shard_file(m.folder, r, m.tp)))
-      return {std::nullopt, "shard " + shard_file(m.folder, r, m.tp) + " is missing"};
-  return {m, ""};
-}
-
-// Complete generations of `dir`, oldest first (a pre-generation meta.json in `dir` itself counts).
-std::vector<CheckpointMeta> complete_generations(const std::string& dir, std::vector<std::string>* skipped = nullptr) {
-  std::vector<CheckpointMeta> found;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return found;
-  auto consider = [&](const fs::path& folder) {
-    GenerationRead g = read_generation(folder);
-    if (g.meta) found.push_back(*g.meta);
-    else if (skipped) skipped->push_back(folder.filename().string() + " (" + g.problem + ")");
-  };
-  if (fs::exists(fs::path(dir) / kMetaFile)) consider(dir);
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step-", 0) == 0) consider(entry.path());
-  }
-  std::sort(found.begin(), found.end(), [](const CheckpointMeta& a, const CheckpointMeta& b) { return a.step < b.step; });
-  return found;
-}
-
-}  // namespace
-
-CheckpointMeta read_checkpoint_meta(const std::string& dir) {
-  std::vector<std::string> skipped;
-  const std::vector<CheckpointMeta> found = complete_generations(dir, &skipped);
-  std::string seen;
-  for (const std::string& s : skipped) seen += (seen.empty() ? "" : "; ") + s;
-  MLACP_REQUIRE(!found.empty(), kWhat, "--resume needs a checkpoint: a complete generation in the checkpoint folder",
-                {got("checkpoint", dir), got("incomplete", seen.empty() ? std::string("none") : seen)},
-                "run once with --checkpoint DIR first, or drop --resume");
-  return found.back();
-}
-
 MemoryEstimate training_memory(const TrainConfig& config) {
   const DecoderConfig& model = config.model;
   const MlaConfig& attention = model.attention;
@@ -322,10 +250,13 @@ PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size)
   }
   MLACP_REQUIRE(!c.resume || !c.checkpoint_dir.empty(), kWhat, "--resume needs --checkpoint DIR", {got("resume", true)},
                 "pass the folder of the checkpoint to continue from");
+  MLACP_REQUIRE(!c.resume_fallback || c.resume, kWhat,
+                "--resume-fallback says which generation --resume may take: it goes with --resume",
+                {got("resume_fallback", true), got("resume", false)}, "add --resume, or drop --resume-fallback");
   if (c.corpus_path.empty()) c.corpus_path = default_corpus_path();
   p.data = std::make_shared<const PackedCorpus>(load_corpus(c.corpus_path), c.seq_len);
   if (c.resume) {
-    p.resume_from = read_checkpoint_meta(c.checkpoint_dir);
+    p.resume_from = read_checkpoint_meta(c.checkpoint_dir, c.resume_fallback, &p.resume_passed_over);
     check_resumable(c, *p.resume_from);
   }
   return p;
@@ -466,21 +397,14 @@ StepRecord Trainer::step(const std::function<void(const StepRecord&)>& recorded)
 void Trainer::save_checkpoint() {
   MLACP_REQUIRE(!config_.checkpoint_dir.empty(), kWhat, "saving a checkpoint needs a checkpoint folder", {},
                 "pass --checkpoint DIR");
-  const fs::path dir = config_.checkpoint_dir;
-  const std::string name = generation_name(step_);
-  const fs::path partial = dir / ("." + name + ".partial"), complete = dir / name;
+  const std::string& dir = config_.checkpoint_dir;
+  const std::string partial = partial_folder(dir, step_);
   const bool leader = groups_.world_info.rank == 0;
   std::string problem;
-  if (leader) {  // a fresh partial folder (one left by a killed save is discarded)
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    fs::remove_all(partial, ec);
-    fs::create_directories(partial, ec);
-    if (!fs::is_directory(partial)) problem = ec ? ec.message() : "not a folder";
-  }
+  if (leader) problem = begin_generation(dir, step_);  // the folder's side of a save: checkpoint_folder.h
   barrier(groups_.world);
   MLACP_REQUIRE(fs::is_directory(partial), kWhat, "cannot create the checkpoint folder",
-                {got("checkpoint", partial.string()), got("error", problem.empty() ? "(on rank 0)" : problem)},
+                {got("checkpoint", partial), got("error", problem.empty() ? "(on rank 0)" : problem)},
                 "choose a writable path");
   if (groups_.dp_rank == 0 && groups_.cp_rank == 0) {  // one writer per TP shard
     torch::serialize::OutputArchive archive;
@@ -492,52 +416,34 @@ void Trainer::save_checkpoint() {
     archive.write("optimizer", optimizer_archive);
     archive.write("step", at::tensor(step_, at::kLong));
     archive.write("data_position", at::tensor(sampler_.position(), at::kLong));
-    archive.save_to(shard_file(partial.string(), groups_.tp_rank, config_.mesh.tp));
+    archive.save_to(shard_file(partial, groups_.tp_rank, config_.mesh.tp));
   }
   barrier(groups_.world);
-  if (leader) {  // meta last, then the atomic switch, then the oldest generations go
-    nlohmann::json j{{"step", step_},
-                     {"data_position", sampler_.position()},
-                     {"tp", config_.mesh.tp},
-                     {"model", config_.model.describe()},
-                     {"seq_len", config_.seq_len},
-                     {"batch", config_.batch},
-                     {"dtype", dtype_name(config_.dtype)},
-                     {"seed", config_.seed},
-                     {"layout", config_.describe()}};
-    const fs::path meta = partial / kMetaFile;
-    {
-      std::ofstream out(meta.string() + ".tmp");
-      out << j.dump(2) << "\n";
-      out.flush();
-      MLACP_REQUIRE(out.good(), kWhat, "cannot write the checkpoint's meta.json", {got("file", meta.string())},
-                    "check the free space of the checkpoint folder");
-    }
-    fs::rename(meta.string() + ".tmp", meta);
-    std::error_code ec;
-    if (fs::exists(complete)) fs::remove_all(complete, ec);  // the same step saved again
-    fs::rename(partial, complete);
-    const std::vector<CheckpointMeta> kept = complete_generations(dir.string());
-    for (size_t i = 0; i + kKeptCheckpoints < kept.size(); ++i)
-      if (fs::path(kept[i].folder) != dir) fs::remove_all(kept[i].folder, ec);
-    if (fs::exists(dir / kMetaFile) && kept.size() > 1) {  // a pre-generation checkpoint is superseded
-      fs::remove(dir / kMetaFile, ec);
-      for (int64_t r = 0; r < config_.mesh.tp; ++r) fs::remove(shard_file(dir.string(), r, config_.mesh.tp), ec);
-    }
+  if (leader) {  // meta.json last, then the switch, then the oldest generations go
+    CheckpointMeta meta;
+    meta.step = step_;
+    meta.data_position = sampler_.position();
+    meta.tp = config_.mesh.tp;
+    meta.model = config_.model.describe();
+    meta.seq_len = config_.seq_len;
+    meta.batch = config_.batch;
+    meta.dtype = dtype_name(config_.dtype);
+    meta.seed = config_.seed;
+    commit_generation(dir, meta, config_.describe());
   }
   barrier(groups_.world);
 }
 
+// Every problem found here is damage (kind fault, README "Exit codes"): read_checkpoint_meta found
+// the generation complete and matching this run, so its shard's content is what is wrong.
 void Trainer::load_checkpoint(const CheckpointMeta& meta) {
   const std::string file = shard_file(meta.folder, groups_.tp_rank, config_.mesh.tp);
-  // What to do when this generation is unusable: the previous complete one, if any (looked up
-  // only on failure: the folder scan reads every generation's meta.json).
-  const auto way_out = [&] {
-    std::string way = "resume from an earlier complete checkpoint";
-    for (const CheckpointMeta& g : complete_generations(config_.checkpoint_dir))
-      if (g.step < meta.step)
-        way = "remove " + meta.folder + " to resume from " + g.folder + " (step " + std::to_string(g.step) + ")";
-    return way;
+  const auto damaged = [&](const std::string& rule, std::vector<ErrorValue> values) {
+    fail_damaged_shard(config_.checkpoint_dir, meta, file, rule, std::move(values));
+  };
+  const auto first_line = [](const std::exception& e) {
+    const std::string why = e.what();
+    return why.substr(0, why.find('\n'));  // LibTorch's first line, not its stack trace
   };
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   at::Tensor step, position;
@@ -548,38 +454,29 @@ void Trainer::load_checkpoint(const CheckpointMeta& meta) {
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));  // LibTorch's first line, not its stack trace
-    fail(kWhat, "a checkpoint shard cannot be read (truncated, corrupted or not a checkpoint)",
-         {got("file", file), got("error", why)}, way_out());
+    damaged("a checkpoint shard cannot be read (corrupted, or not a checkpoint)", {got("error", first_line(e))});
   }
-  MLACP_REQUIRE(step.numel() == 1 && position.numel() == 1, kWhat, "a checkpoint shard lacks its step record",
-                {got("file", file)}, way_out());
-  MLACP_REQUIRE(step.item<int64_t>() == meta.step && position.item<int64_t>() == meta.data_position, kWhat,
-                "checkpoint shard and meta.json disagree (an interrupted save)",
-                {got("file", file), got("shard.step", step.item<int64_t>()), got("meta.step", meta.step)},
-                way_out());
+  if (step.numel() != 1 || position.numel() != 1) damaged("a checkpoint shard lacks its step record", {});
+  if (step.item<int64_t>() != meta.step || position.item<int64_t>() != meta.data_position)
+    damaged("checkpoint shard and meta.json disagree (a shard of another generation or run)",
+            {got("shard.step", step.item<int64_t>()), got("meta.step", meta.step)});
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& p : model_->parameters()) shapes.push_back(p.sizes().vec());
   try {
     model_->load(model_archive);
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    fail(kWhat, "checkpoint parameters do not fit the model", {got("file", file), got("error", why.substr(0, why.find('\n')))},
-         "resume with the model and tp of the run that wrote it");
+    damaged("checkpoint parameters do not fit the model its meta.json names", {got("error", first_line(e))});
   }
   size_t i = 0;
   for (const auto& item : model_->named_parameters()) {  // meta.json matched; this catches a foreign shard file
-    MLACP_REQUIRE(item.value().sizes().vec() == shapes[i++], kWhat, "checkpoint parameter does not fit the model",
-                  {got("file", file), got("parameter", item.key()), got("loaded", shape_text(item.value()))},
-                  "resume with the model and tp of the run that wrote it");
+    if (item.value().sizes().vec() != shapes[i++])
+      damaged("checkpoint parameter does not fit the model its meta.json names",
+              {got("parameter", item.key()), got("loaded", shape_text(item.value()))});
   }
   try {
     optimizer_->load(optimizer_archive);
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    fail(kWhat, "the checkpoint's optimizer state cannot be read", {got("file", file), got("error", why.substr(0, why.find('\n')))},
-         way_out());
+    damaged("the checkpoint's optimizer state cannot be read", {got("error", first_line(e))});
   }
   step_ = meta.step;
   sampler_.set_position(meta.data_position);

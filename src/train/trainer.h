@@ -26,6 +26,7 @@
 #include "mlacp/memory.h"
 #include "mlacp/plan.h"
 #include "mlacp/checkpoint.h"
+#include "train/checkpoint_folder.h"
 #include "train/data.h"
 #include "train/hf_decoder.h"
 #include "train/model.h"
@@ -64,6 +65,9 @@ struct TrainConfig {
   std::string checkpoint_dir;         // empty: no checkpoints
   int64_t checkpoint_every = 0;       // also save every N steps (0: only after the last step)
   bool resume = false;                // continue from checkpoint_dir
+  // With resume: a damaged newest generation falls back to the newest complete older one
+  // (read_checkpoint_meta's accept_fallback) instead of being an error.
+  bool resume_fallback = false;
   // A HuggingFace checkpoint folder (config.json + safetensors) to initialise every parameter
   // from instead of the seed (train/hf_decoder.h); `model` must be load_hf_decoder_config(it).
   // A new run only: not with `resume`.
@@ -71,33 +75,12 @@ struct TrainConfig {
   std::string describe() const;      // one line with every setting
 };
 
-// What a checkpoint records besides tensors (checkpoint_dir/meta.json). A checkpoint can be
-// resumed under another dp/cp/strategy/partition, but not another tp or model.
-struct CheckpointMeta {
-  int64_t step = 0;
-  int64_t data_position = 0;  // sequences consumed
-  int64_t tp = 1;
-  std::string model;          // DecoderConfig::describe()
-  int64_t seq_len = 0;
-  int64_t batch = 0;
-  std::string dtype;
-  uint64_t seed = 0;
-  std::string folder;         // the generation folder holding it (see read_checkpoint_meta)
-};
-// A checkpoint folder holds generations: each save writes DIR/.step-NNNNNNNN.partial/ (the TP
-// shards, then meta.json), renames it to DIR/step-NNNNNNNN/ (atomic) and then removes all but
-// the newest kKeptCheckpoints complete generations, so a kill at any moment leaves the last
-// complete one. (A folder written before generations, meta.json directly in DIR, is read too.)
-constexpr int kKeptCheckpoints = 2;
-// The newest complete generation in `dir` (meta.json readable, every shard present); throws
-// mlacp::Error when there is none, naming what was found.
-CheckpointMeta read_checkpoint_meta(const std::string& dir);
-
 // A validated configuration and its data, built without any collective.
 struct PreparedTraining {
   TrainConfig config;
   std::shared_ptr<const PackedCorpus> data;
   std::optional<CheckpointMeta> resume_from;
+  std::vector<std::string> resume_passed_over;  // damaged newer generations (resume_fallback only)
   std::optional<HfCheckpoint> hf_checkpoint;  // opened and checked (no tensor data read yet)
   std::optional<HfDecoderInit> hf_init;       // what the check found
 };
@@ -105,7 +88,8 @@ struct PreparedTraining {
 // divisibility for the partition, batch divisibility by dp, optimizer numbers, steps, the
 // HuggingFace checkpoint to initialise from (not with resume; the model config is its
 // config.json's; every tensor present with its shape: check_hf_decoder_checkpoint), the corpus
-// (present, at least one sequence), the checkpoint to resume. Throws mlacp::Error.
+// (present, at least one sequence), the checkpoint to resume (read_checkpoint_meta: a damaged one
+// is an error of kind fault, the others of kind input). Throws mlacp::Error.
 PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size);
 
 // Peak bytes one rank holds while training `config` (include/mlacp/memory.h): the parameters

@@ -46,7 +46,7 @@ row "--layer needs --checkpoint" --nproc 2 --layer 1
 row "the layer index is outside the model; got layer=2, num_hidden_layers=2" --nproc 2 --checkpoint "$work/ckpt" --layer 2
 row "tensor=model.layers.0.self_attn.kv_b_proj.weight, dtype=F8_E4M3; dequantise to bf16 first" \
     --nproc 2 --checkpoint "$work/fp8"
-row "the checkpoint must be a folder" --nproc 2 --checkpoint "$work/missing"
+row "--checkpoint: must name a readable folder" --nproc 2 --checkpoint "$work/missing"
 row "--single-device takes only --case names" --single-device --checkpoint "$work/ckpt"
 # Layer 1 of the fp8 checkpoint is bf16: it loads.
 ok "bf16 layer of an otherwise fp8 checkpoint" --checkpoint "$work/fp8" --layer 1

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -20,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "mlacp/errors.h"
+#include "temp_files.h"
 
 namespace mlacp::tools {
 namespace {
@@ -128,13 +130,15 @@ TEST(Launcher, ExplicitMasterAndOurVariablesOverrideInheritedOnes) {
   expect_no_children();
 }
 
+// The quoted line is the rank's last error line, not an info line printed after it.
 TEST(Launcher, FailingRankStopsTheOthersAndIsNamed) {
   const Launch run = run_sh(3,
-                         "if [ \"$RANK\" = 1 ]; then echo early >&2; echo 'boom: bad shape' >&2; echo >&2; exit 3; fi; "
-                         "sleep 30");
+                         "if [ \"$RANK\" = 1 ]; then echo early >&2; echo 'mlacp: boom: bad shape' >&2; "
+                         "echo 'train: stopping' >&2; echo >&2; exit 3; fi; sleep 30");
   EXPECT_EQ(run.code, 3);
   EXPECT_LT(run.seconds, 2.5) << "SIGTERM stops `sleep` at once; no need to wait out the grace period";
-  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 1 failed (exit code 3); last error: boom: bad shape")) << run.err;
+  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 1 failed (exit code 3); last error: mlacp: boom: bad shape"))
+      << run.err;
   EXPECT_TRUE(has_line(run.err, "[rank 1] early")) << run.err;
   EXPECT_EQ(run.err.find("rank 0 failed"), std::string::npos) << "ranks we stopped are not failures: " << run.err;
   expect_no_children();
@@ -151,15 +155,19 @@ TEST(Launcher, RanksIgnoringSigtermAreKilledAfterGrace) {
   EXPECT_EQ(run.code, 3);
   EXPECT_GE(run.seconds, 0.45);
   EXPECT_LT(run.seconds, 10.0);
-  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 2 failed (exit code 3); last error: (none)")) << run.err;
+  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 2 failed (exit code 3); last error: (none: it printed no error line)"))
+      << run.err;
   expect_no_children();
 }
 
+// A rank killed after an info line (a training rank's "train: ..."): no error to quote.
 TEST(Launcher, RankKilledBySignalReturns128PlusSignal) {
-  const Launch run = run_sh(2, "if [ \"$RANK\" = 1 ]; then echo dying >&2; kill -KILL $$; fi; sleep 30");
+  const Launch run = run_sh(2, "if [ \"$RANK\" = 0 ]; then echo 'train: resumed from step 3' >&2; kill -KILL $$; fi; "
+                               "sleep 30");
   EXPECT_EQ(run.code, 137);
   EXPECT_LT(run.seconds, 10.0);
-  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 1 failed (signal SIGKILL); last error: dying")) << run.err;
+  EXPECT_TRUE(has_line(run.err, "mlacp launch: rank 0 failed (signal SIGKILL); last error: (none: it printed no error line)"))
+      << run.err;
   expect_no_children();
 }
 
@@ -233,6 +241,40 @@ TEST(Launcher, DefaultExecutableIsThisProgram) {
       << err.str();
   EXPECT_TRUE(has_line(out.str(), "  DefaultExecutableIsThisProgram")) << out.str();
   EXPECT_TRUE(has_line(out.str(), "[rank 1]   DefaultExecutableIsThisProgram")) << out.str();
+  expect_no_children();
+}
+
+// What launches killed by SIGKILL left under $TMPDIR goes at the next launch: entries named after a
+// process that is gone, or after a pid that another process now has (another start time). What a
+// live process owns, and names that are not the tool's, stay.
+TEST(Launcher, RemovesWhatKilledLaunchesLeft) {
+  namespace fs = std::filesystem;
+  char pattern[] = "/tmp/mlacp-launcher-test-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const fs::path tmp = pattern;
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = saved ? saved : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
+  const pid_t gone = fork();  // a pid that no process has once reaped
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  const fs::path killed_launch = tmp / ("mlacp-rendezvous-" + std::to_string(gone) + "-4242-Ab12Cd");
+  const fs::path reused_pid = tmp / ("mlacp-train-" + std::to_string(getpid()) + "-1-progress.jsonl");
+  const fs::path live = owned_temp_path("train") + "-progress.jsonl", other = tmp / "mlacp-fuzz-keep";
+  fs::create_directories(killed_launch);
+  std::ofstream(killed_launch / "store") << "x";
+  for (const fs::path& p : {reused_pid, live, other}) std::ofstream(p) << "x";
+  const Launch run = run_sh(1, "true");
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_FALSE(fs::exists(killed_launch));
+  EXPECT_FALSE(fs::exists(reused_pid));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left.size(), 2u) << "the launch's own rendezvous folder is removed when it ends";
+  if (saved) setenv("TMPDIR", saved_tmpdir.c_str(), 1); else unsetenv("TMPDIR");
+  fs::remove_all(tmp);
   expect_no_children();
 }
 

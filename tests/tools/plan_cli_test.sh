@@ -49,10 +49,10 @@ expect_error() {  # <pattern> <args...>
   return 0
 }
 expect_error "sequence length is required" --gpus 8
-expect_error "neither a profile nor a readable hardware file" --seq 4096 --hardware a100-pcie
+expect_error "--hardware: must name a profile or a readable file; got path=a100-pcie" --seq 4096 --hardware a100-pcie
 expect_error "give --gpus or --cp, not both" --seq 4096 --gpus 8 --cp 4
 expect_error "no rates for the run's dtype" --seq 4096 --cp 4 --dtype float64
-expect_error "neither a profile nor a readable hardware file" --seq 4096 --cp 4 --hardware "$work/none.json"
+expect_error "--hardware: must name a profile or a readable file" --seq 4096 --cp 4 --hardware "$work/none.json"
 expect_error "unknown strategy\|strategy" --seq 4096 --cp 4 --strategy ring
 echo '{"memory_bytes": 1, "rates": {"float32": {"gemm_flops": "fast"}}}' > "$work/bad.json"
 expect_error "gemm_flops" --seq 4096 --cp 4 --hardware "$work/bad.json" --dtype float32

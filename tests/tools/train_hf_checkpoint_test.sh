@@ -60,5 +60,5 @@ row "it cannot go with --resume" --nproc 2 --hf-checkpoint "$work/ckpt" --checkp
 row "mlacp train trains a byte-level model" --nproc 2 --hf-checkpoint "$work/vocab1000" --steps 1
 row "mlacp verify --checkpoint DIR" --nproc 2 --hf-checkpoint "$work/vocab1000" --steps 1
 row "vocab_size=1000" --nproc 2 --config "$work/vocab1000/config.json" --steps 1
-row "the checkpoint must be a folder" --nproc 2 --hf-checkpoint "$work/missing" --steps 1
+row "--hf-checkpoint: must name a readable folder" --nproc 2 --hf-checkpoint "$work/missing" --steps 1
 [ "$failures" -eq 0 ] && echo PASS || { echo "$failures check(s) failed"; exit 1; }

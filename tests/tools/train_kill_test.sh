@@ -2,11 +2,15 @@
 # A training run killed (SIGKILL to every process, launcher and ranks) at many moments, saving a
 # checkpoint after every step, and resumed each time: every resume starts from a complete
 # checkpoint, and the log of the killed-and-resumed run is the uninterrupted run's, step for step
-# (float64: equal to the digit), with no step missing or repeated.
+# (float64: equal to the digit), with no step missing or repeated. What the killed launchers left in
+# $TMPDIR (rendezvous folders, progress logs) is gone after the last run (each launch removes what
+# dead ones left).
 # Usage: train_kill_test.sh MLACP
 set -u
 mlacp="$(realpath "$1")"
 work=$(mktemp -d)
+export TMPDIR="$work/tmp"
+mkdir "$TMPDIR"
 trap '[ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -50,5 +54,7 @@ fi
 [ "$(losses "$work/whole.jsonl" | wc -l)" -eq "$steps" ] || fail "the uninterrupted log does not hold $steps steps"
 [ "$(losses "$work/killed.jsonl" | cut -d' ' -f1 | tr '\n' ' ')" = "$(seq -f '"step":%g' 1 "$steps" | tr '\n' ' ')" ] \
   || fail "the log does not hold steps 1-$steps once each, in order"
-echo "kills: $kills, generations left: $(ls "$work/ckpt" | tr '\n' ' ')"
+left=$(ls -A "$TMPDIR")
+[ -z "$left" ] || fail "killed launches left in \$TMPDIR: $left"
+echo "kills: $kills, generations left: $(ls -A "$work/ckpt" | tr '\n' ' ')"
 if [ "$failures" -eq 0 ]; then echo PASS; else echo "$failures failure(s)"; exit 1; fi

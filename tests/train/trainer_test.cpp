@@ -176,9 +176,10 @@ TEST(TrainCheckpoint, ResumedRunContinuesTheSameLossCurve) {
   EXPECT_LE(test::max_relative_loss_error(c.losses, tail), kFloat64Parity);
 }
 
-// Generations: each save is a new folder switched in by a rename; the two newest stay. A save cut
-// by a kill (a .partial folder, or a generation without meta.json) is passed over, and the run
-// resumed from the newest complete one continues the uninterrupted loss curve.
+// Generations: each save is a new folder switched in by a rename; the two newest stay. What a kill
+// leaves (a .partial folder of a cut save, a .pruning folder of a cut prune) is passed over, the
+// run resumed from the newest complete generation continues the uninterrupted loss curve, and the
+// next save removes the leftovers.
 TEST(TrainCheckpoint, KeepsTwoGenerationsAndResumesFromTheNewestComplete) {
   namespace fs = std::filesystem;
   test::TempDir dir("generations");
@@ -190,21 +191,23 @@ TEST(TrainCheckpoint, KeepsTwoGenerationsAndResumesFromTheNewestComplete) {
   first.checkpoint_dir = dir.file("ckpt");
   first.checkpoint_every = 1;
   ASSERT_TRUE(test::run_training(first, dir.file("first.pt")));
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(first.checkpoint_dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-00000003", "step-00000004"}));
-
-  // A killed save of step 5 (shard written, no meta.json) and a torn step 6 (meta.json, no shard).
+  const auto names_in = [](const fs::path& folder) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(folder)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
   const fs::path ckpt = first.checkpoint_dir;
+  EXPECT_EQ(names_in(ckpt), (std::vector<std::string>{"step-00000003", "step-00000004"}));
+
+  // A killed save of step 5 (half a shard, no meta.json) and a killed prune of step 2 (meta.json gone).
   fs::create_directories(ckpt / ".step-00000005.partial");
   std::ofstream(ckpt / ".step-00000005.partial" / "tp0-of-1.pt") << "half a shard";
-  fs::create_directories(ckpt / "step-00000006");
-  fs::copy_file(ckpt / "step-00000004" / "meta.json", ckpt / "step-00000006" / "meta.json");
+  fs::create_directories(ckpt / ".step-00000002.pruning");
+  std::ofstream(ckpt / ".step-00000002.pruning" / "tp0-of-1.pt") << "what the prune left";
   const CheckpointMeta meta = read_checkpoint_meta(first.checkpoint_dir);
   EXPECT_EQ(meta.step, stop);
   EXPECT_EQ(fs::path(meta.folder).filename(), "step-00000004");
-  fs::remove_all(ckpt / "step-00000006");
 
   TrainConfig second = config;
   second.checkpoint_dir = first.checkpoint_dir;
@@ -214,23 +217,50 @@ TEST(TrainCheckpoint, KeepsTwoGenerationsAndResumesFromTheNewestComplete) {
   const RunResult whole = test::load_result(dir.file("whole.pt")), b = test::load_result(dir.file("second.pt"));
   ASSERT_EQ(b.losses.size(), static_cast<size_t>(steps - stop));
   for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], whole.losses[stop + i]) << "step " << stop + i + 1;
-  names.clear();
-  for (const auto& e : fs::directory_iterator(first.checkpoint_dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000007"}));  // the stale partial is gone
+  EXPECT_EQ(names_in(ckpt), (std::vector<std::string>{"step-00000006", "step-00000007"}));  // leftovers gone
 }
 
-// A corrupted shard of the newest generation: an mlacp error naming the file and the previous
-// generation, not LibTorch's stream reader text; a meta.json with a non-numeric field likewise.
-TEST(TrainCheckpoint, CorruptedFilesAreNamedWithTheWayOut) {
+// A run of two steps saved after each: a checkpoint folder with the generations of steps 1 and 2.
+TrainConfig two_generations(test::TempDir& dir) {
+  TrainConfig config = test::small_config(at::kDouble, 2);
+  config.checkpoint_dir = dir.file("ckpt");
+  config.checkpoint_every = 1;
+  EXPECT_TRUE(test::run_training(config, dir.file("first.pt")));
+  return config;
+}
+
+// A damaged newest generation (docs/DESIGN.md §8) is an error of kind fault naming the damaged file
+// and the older generation to fall back to, never a silent fallback; accept_fallback takes that
+// one and names what it passed over. Damage that only loading shows (a shard of another
+// generation) names the shard and the way out, without LibTorch's stack trace.
+TEST(TrainCheckpoint, ADamagedNewestGenerationIsNamedWithTheFallback) {
   namespace fs = std::filesystem;
-  test::TempDir dir("corrupt");
-  TrainConfig first = test::small_config(at::kDouble, 2);
-  first.checkpoint_dir = dir.file("ckpt");
-  first.checkpoint_every = 1;
-  ASSERT_TRUE(test::run_training(first, dir.file("first.pt")));
-  const fs::path shard = fs::path(first.checkpoint_dir) / "step-00000002" / "tp0-of-1.pt";
+  test::TempDir dir("damaged");
+  const TrainConfig first = two_generations(dir);
+  const fs::path ckpt = first.checkpoint_dir, older = ckpt / "step-00000001", newest = ckpt / "step-00000002";
+  const auto expect_damaged = [&](const std::string& file, const std::string& problem, const std::string& fallback) {
+    try {
+      read_checkpoint_meta(first.checkpoint_dir);
+      ADD_FAILURE() << "a damaged newest generation was taken: " << file;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::fault);
+      EXPECT_THAT(e.what(), HasSubstr("the newest checkpoint generation is damaged"));
+      EXPECT_THAT(e.what(), HasSubstr("file=" + file));
+      EXPECT_THAT(e.what(), HasSubstr(problem));
+      EXPECT_THAT(e.what(), HasSubstr(fallback));
+    }
+  };
+  const fs::path shard = newest / "tp0-of-1.pt", saved = dir.file("shard.pt");
+  fs::copy_file(shard, saved);
   fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_damaged(shard.string(), "not a whole PyTorch archive", "--resume-fallback to resume from " + older.string());
+  std::vector<std::string> passed_over;
+  EXPECT_EQ(read_checkpoint_meta(first.checkpoint_dir, /*accept_fallback=*/true, &passed_over).step, 1);
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr(shard.string()));
+
+  // Only loading reads a shard's step: step 1's shard in step 2's folder.
+  fs::copy_file(older / "tp0-of-1.pt", shard, fs::copy_options::overwrite_existing);
   TrainConfig resume = first;
   resume.steps = 3;
   resume.resume = true;
@@ -238,25 +268,37 @@ TEST(TrainCheckpoint, CorruptedFilesAreNamedWithTheWayOut) {
     ParallelGroups groups = mlacp::test::make_groups(rank, world, store, resume.mesh);
     try {
       Trainer trainer(resume, groups);
-      ADD_FAILURE() << "a truncated shard was loaded";
+      ADD_FAILURE() << "a shard of another generation was loaded";
     } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_THAT(what, HasSubstr("checkpoint shard cannot be read"));
-      EXPECT_THAT(what, HasSubstr(shard.string()));
-      EXPECT_THAT(what, HasSubstr("to resume from " + (fs::path(first.checkpoint_dir) / "step-00000001").string()));
-      EXPECT_THAT(what, Not(HasSubstr("frame #")));
+      EXPECT_EQ(e.kind(), ErrorKind::fault);
+      EXPECT_THAT(e.what(), HasSubstr("checkpoint shard and meta.json disagree"));
+      EXPECT_THAT(e.what(), HasSubstr(shard.string()));
+      EXPECT_THAT(e.what(), HasSubstr("to resume from " + older.string()));
+      EXPECT_THAT(e.what(), Not(HasSubstr("frame #")));
     }
   }));
-  std::ofstream(fs::path(first.checkpoint_dir) / "step-00000002" / "meta.json")
-      << R"({"step": "two", "data_position": 2, "tp": 1})";
-  const CheckpointMeta meta = read_checkpoint_meta(first.checkpoint_dir);  // step 2 is passed over
-  EXPECT_EQ(meta.step, 1);
-  fs::remove_all(fs::path(first.checkpoint_dir) / "step-00000001");
+  fs::copy_file(saved, shard, fs::copy_options::overwrite_existing);
+
+  std::ofstream(newest / "meta.json") << R"({"step": "two", "data_position": 2, "tp": 1})";
+  expect_damaged((newest / "meta.json").string(), "\"step\" is missing or not an integer", "older_complete=" + older.string());
+  fs::remove_all(older);
+  expect_damaged((newest / "meta.json").string(), "\"step\" is missing", "no complete generation is left to fall back to");
+}
+
+// A damaged older generation does not matter; --resume-fallback goes with --resume only.
+TEST(TrainCheckpoint, ADamagedOlderGenerationIsPassedOver) {
+  namespace fs = std::filesystem;
+  test::TempDir dir("damaged-older");
+  const TrainConfig first = two_generations(dir);
+  fs::remove(fs::path(first.checkpoint_dir) / "step-00000001" / "meta.json");  // as a prune before generations were renamed
+  EXPECT_EQ(read_checkpoint_meta(first.checkpoint_dir).step, 2);
   try {
-    read_checkpoint_meta(first.checkpoint_dir);
-    ADD_FAILURE() << "no complete generation left, yet one was found";
+    TrainConfig stray = first;
+    stray.resume_fallback = true;
+    prepare_training(stray, 1);
+    ADD_FAILURE() << "--resume-fallback without --resume was taken";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("\"step\" is missing or not an integer"));
+    EXPECT_THAT(e.what(), HasSubstr("it goes with --resume"));
   }
 }
 
