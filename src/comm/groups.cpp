@@ -54,8 +54,9 @@ std::string backend_for(const GroupOptions& options) {
   return options.backend == CommBackend::gloo ? "gloo" : "nccl";
 }
 
-// c10d's own log lines are off while the TCP store connects: glog's "[c10d] ..." lines on stderr,
-// one a second while a client retries, before mlacp's own line. The exception the store throws
+// c10d's own log lines are off while the TCP store connects and while a group's ranks meet over
+// it: glog's "[c10d] ..." lines on stderr (one a second while a client retries, one per timed-out
+// wait for a rank that never comes), before mlacp's own line. The exception the store throws
 // carries the same text, which becomes the mlacp error's cause. c10d logs only at levels >=
 // caffe2_log_level (its ERROR is 2); TORCH_CPP_LOG_LEVEL, LibTorch's switch for its logs, is
 // honoured when set. The flag is process-wide: other threads' c10d lines are off for that time too.
@@ -160,6 +161,7 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
     for (int64_t m : members) prefix += std::to_string(m) + ",";
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     try {
+      const QuietC10dLog quiet;  // 2.x's store client logs each timed-out wait for a missing rank
       impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
       impl->backend_name = backend_for(options);
     } catch (const Error&) {
