@@ -22,8 +22,11 @@
 # beforehand where apt works with
 #   scripts/gpu-check.sh --prepare
 # (header-only packages, unpacked into .gpu-deps/root, never into /; carry .gpu-deps along). MLACP_GPU_CHECK_QUICK=1
-# skips steps 4b and 5 (a shorter run). Exit code: 0 all passed, 1 a check failed, 2 the machine
-# or the build is unfit.
+# skips steps 4b and 5 (a shorter run). MLACP_GPU_PREBUILT=DIR takes DIR/mlacp and DIR/mlacp_gpu_check,
+# built elsewhere against the same PyTorch version (e.g. from the wheel of the GPU machine's version,
+# to spend the GPU machine's time on the checks), when they start there; else it builds. Each step
+# runs under a time limit (MLACP_GPU_STEP_LIMIT seconds, default 240), so a hung step is reported,
+# not waited for. Exit code: 0 all passed, 1 a check failed, 2 the machine or the build is unfit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="$root/.gpu-deps"
@@ -66,29 +69,42 @@ if compgen -G "$deps/*.deb" >/dev/null; then
 fi
 arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' ')"
 
-# 1. build (Ninja when there: faster on many cores)
-build="${MLACP_GPU_BUILD_DIR:-$root/build-gpu}"
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-if ! TORCH_CUDA_ARCH_LIST="$arch" cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DMLACP_BUILD_TESTS=OFF -DMLACP_BUILD_GPU_CHECK=ON -DCMAKE_PREFIX_PATH="$prefix" \
-      -DCMAKE_CXX_FLAGS="$extra_flags" >"$out/configure.log" 2>&1; then
-  log "1. configure FAILED (configure.log)"
-  tail -20 "$out/configure.log"
-  exit 2
+# The machine's LibTorch and the CUDA libraries of the NVIDIA wheels beside it, for binaries built
+# elsewhere (a build here has the same in its run path).
+libs="$torch_dir/lib"
+for d in "$torch_dir"/../nvidia/*/lib "$torch_dir"/../nvidia/cu*/lib; do [[ -d "$d" ]] && libs="$libs:$(cd "$d" && pwd)"; done
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+limit="${MLACP_GPU_STEP_LIMIT:-240}"
+prebuilt="${MLACP_GPU_PREBUILT:-}"
+if [[ -n "$prebuilt" ]] && "$prebuilt/mlacp" info --skip-gemm >"$out/info.txt" 2>&1 && [[ -x "$prebuilt/mlacp_gpu_check" ]]; then
+  build="$(cd "$prebuilt" && pwd)"
+  log "1. prebuilt binaries from $prebuilt (they start with this machine's LibTorch): $(grep -m1 '^LibTorch' "$out/info.txt")"
+else
+  [[ -n "$prebuilt" ]] && log "1. the prebuilt binaries in $prebuilt do not start here (info.txt): building"
+  # 1. build (Ninja when there: faster on many cores)
+  build="${MLACP_GPU_BUILD_DIR:-$root/build-gpu}"
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  if ! TORCH_CUDA_ARCH_LIST="$arch" cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DMLACP_BUILD_TESTS=OFF -DMLACP_BUILD_GPU_CHECK=ON -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_CXX_FLAGS="$extra_flags" >"$out/configure.log" 2>&1; then
+    log "1. configure FAILED (configure.log)"
+    tail -20 "$out/configure.log"
+    exit 2
+  fi
+  if ! cmake --build "$build" -j "$(nproc)" --target mlacp mlacp_gpu_check >"$out/build.log" 2>&1; then
+    log "1. build FAILED (build.log)"
+    grep -m 20 -B2 -A6 "error" "$out/build.log" || tail -40 "$out/build.log"
+    exit 2
+  fi
+  log "1. build for sm $arch: $((SECONDS - t0)) s"
+  "$build/mlacp" info --skip-gemm >"$out/info.txt" 2>&1 || true
 fi
-if ! cmake --build "$build" -j "$(nproc)" --target mlacp mlacp_gpu_check >"$out/build.log" 2>&1; then
-  log "1. build FAILED (build.log)"
-  grep -m 20 -B2 -A6 "error" "$out/build.log" || tail -40 "$out/build.log"
-  exit 2
-fi
-log "1. build for sm $arch: $((SECONDS - t0)) s"
 mlacp="$build/mlacp"
-"$mlacp" info --skip-gemm >"$out/info.txt" 2>&1 || true
 
 # 2-4. one GPU
 t1=$SECONDS
-"$build/mlacp_gpu_check" "$out" >"$out/gpu_check.log" 2>&1 || status=1
+timeout "$limit" "$build/mlacp_gpu_check" "$out" >"$out/gpu_check.log" 2>&1 || status=1
 log "2-4. exactness, host synchronisation, rates: $((SECONDS - t1)) s, $(grep -c PASS "$out/gpu_check.tsv" || true) passed, $(grep -c FAIL "$out/gpu_check.tsv" || true) failed (gpu_check.tsv)"
 grep -E "^rate" "$out/gpu_check.tsv" | grep -E "GEMM|share|tokens" | tee -a "$out/summary.txt"
 grep -E "FAIL" "$out/gpu_check.tsv" | head -20 | tee -a "$out/summary.txt"
@@ -106,7 +122,7 @@ JSON
     t1=$SECONDS
     model_args=(--preset small)
     [[ $model == v3dims ]] && model_args=(--config "$out/train-v3dims.json")
-    if "$mlacp" train --device cuda --nproc 1 --dtype bfloat16 --steps 30 --seq 4096 --timeout 300 "${model_args[@]}" \
+    if timeout "$limit" "$mlacp" train --device cuda --nproc 1 --dtype bfloat16 --steps 30 --seq 4096 --timeout 300 "${model_args[@]}" \
           --log "$out/train-$model.jsonl" >"$out/train-$model.log" 2>&1; then
       log "4b. mlacp train --device cuda --nproc 1 --dtype bfloat16 --seq 4096 ($model): $(grep -E 'tokens/s' "$out/train-$model.log" | tail -1) ($((SECONDS - t1)) s)"
     else
@@ -127,7 +143,7 @@ JSON
     form="4 ranks on the one GPU over Gloo's CUDA path (host-staged transfers; NCCL refuses two ranks on one GPU): the exactness matrix"
     verify=(verify --device cuda --backend gloo --nproc 4 --case all)
   fi
-  if "$mlacp" "${verify[@]}" --timeout 300 --json "$out/verify-cuda.json" >"$out/verify.log" 2>&1; then
+  if timeout "$limit" "$mlacp" "${verify[@]}" --timeout 300 --json "$out/verify-cuda.json" >"$out/verify.log" 2>&1; then
     log "5. multi-rank, $form: $(grep -E '^verify:' "$out/verify.log" | tail -1) ($((SECONDS - t1)) s)"
   else
     status=1
@@ -136,7 +152,7 @@ JSON
   t1=$SECONDS
   backend=nccl
   ((gpus >= 2)) || backend=gloo
-  if "$mlacp" bench --device cuda --backend "$backend" --nproc 2 --seq 4096 --steps 5 --warmup 2 --dtype bfloat16 \
+  if timeout "$limit" "$mlacp" bench --device cuda --backend "$backend" --nproc 2 --seq 4096 --steps 5 --warmup 2 --dtype bfloat16 \
         --json "$out/bench-cuda.json" >"$out/bench.log" 2>&1; then
     log "5b. mlacp bench --device cuda --backend $backend --nproc 2 --seq 4096 (timeline on CUDA events): ($((SECONDS - t1)) s)"
     grep -E "^\| |strategy" "$out/bench.log" | head -8 | tee -a "$out/summary.txt"

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
@@ -40,24 +41,24 @@ class AllocatorBase : public c10::Allocator {
 #endif
 };
 
-// A hand-written autograd node, owned as the LibTorch at hand owns its own: 1.13 holds nodes in
-// std::shared_ptr and deletes long graphs iteratively through torch::autograd::deleteNode; 2.x
-// nodes are intrusive (c10::intrusive_ptr). Both convert to what set_history() takes.
-#if !MLACP_TORCH_2
+// A hand-written autograd node, owned as the LibTorch at hand owns its own: up to 2.11 (1.13 too)
+// nodes live in std::shared_ptr and long graphs are deleted iteratively through
+// torch::autograd::deleteNode; later 2.x nodes are intrusive (c10::intrusive_ptr, Node derives from
+// c10::intrusive_ptr_target). Decided by the node type itself, not by a version number (the change
+// came between 2.11 and 2.15). Both convert to what set_history() takes.
 }  // namespace mlacp::compat
 namespace torch::autograd {
 struct Node;
-TORCH_API void deleteNode(Node* function);
+TORCH_API void deleteNode(Node* function);  // used only where nodes are shared_ptr-owned
 }  // namespace torch::autograd
 namespace mlacp::compat {
-#endif
 template <typename NodeT, typename... Args>
 auto make_node(Args&&... args) {
-#if MLACP_TORCH_2
-  return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
-#else
-  return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...), torch::autograd::deleteNode);
-#endif
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, NodeT>) {
+    return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+  } else {
+    return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...), torch::autograd::deleteNode);
+  }
 }
 
 inline bool autocast_enabled(c10::DeviceType device) {
