@@ -22,6 +22,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // key stays finite before it is zeroed).
 double forbidden_bias(at::ScalarType dtype) { return dtype == at::kHalf ? -3e4 : -1e30; }
 
+// The masked path's additive bias [B|1, 1, Sq, Sk]: 0 where allowed, forbidden_bias where not, and
+// 0 over the whole row of a query with no allowed key: the kernel sees an ordinary row (its output
+// and gradient are zeroed outside), never a row masked entirely (the CUDA kernels' backward made
+// NaN of such rows in bf16 on an H200).
+at::Tensor dense_bias(const at::Tensor& allowed, const at::Tensor& alive_row, const at::Tensor& like) {
+  return at::zeros(allowed.sizes(), like.options())
+      .masked_fill_(allowed.logical_not().logical_and_(alive_row), forbidden_bias(like.scalar_type()));
+}
+
 at::ScalarType accumulate_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // [B,H,S,D] -> [B*S, H, D] (a view where the memory is [B,S,H,D], as the runtime's tensors are)
@@ -78,11 +87,12 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const c10::Device device = q.device();
   at::Tensor allowed = allowed_pairs(st).to(device);  // [B|1, 1, Sq, Sk], built on the mask's device
   const int64_t mb = allowed.size(0), sq = q.size(2);
-  const at::Tensor alive = allowed.any(-1).view({mb, sq, 1, 1});  // [B|1, Sq, 1, 1] bool
+  const at::Tensor alive_row = allowed.any(-1, /*keepdim=*/true);  // [B|1, 1, Sq, 1] bool
+  const at::Tensor alive = alive_row.view({mb, sq, 1, 1});           // [B|1, Sq, 1, 1], the output's layout
   // [B, S, H, D] contiguous (the fused kernels' row strides)
   DenseCall call{q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
                  at::Tensor(), scaling};
-  call.bias = at::zeros(allowed.sizes(), q.options()).masked_fill_(allowed.logical_not(), forbidden_bias(q.scalar_type()));
+  call.bias = dense_bias(allowed, alive_row, q);
   PieceResult r;
   {
     at::NoGradGuard no_grad;

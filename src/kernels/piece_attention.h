@@ -7,16 +7,19 @@
 //             the final output and log-sum-exp of its rows (the flash-attention identity, so the
 //             pieces' gradients add up exactly), dQ/dK/dV accumulated in float32 (float64).
 //   mask      the dense masked form: an additive bias (0 allowed, a large negative value not
-//             allowed) of [B|1, 1, Sq, Sk], broadcast over heads, and rows with no allowed key
-//             multiplied by zero (zero output, zero gradient). The mask is S×S already; the bias
-//             is the only S×S tensor this path makes.
+//             allowed) of [B|1, 1, Sq, Sk], broadcast over heads. A row with no allowed key gets an
+//             all-zero bias row (an ordinary row for the kernel: no row is masked entirely, which
+//             the fused kernels' backward turned into NaN on a GPU) and its output and incoming
+//             gradient are replaced by zeros (zero output, zero gradient). The mask is S×S already;
+//             the bias is the only S×S tensor this path makes.
 //
 // Kernels (VarlenKernel, docs/DESIGN.md §16), by device and dtype (varlen_kernel_for):
-//   CUDA float32/bf16   LibTorch's memory-efficient attention (the CUTLASS kernel of
+//   CUDA bf16/fp16      LibTorch's flash attention with V zero-padded to Dqk (varlen through
+//                       cu_seqlens, bottom-right causal), the faster on an H200 (§16);
+//                       MLACP_CUDA_ATTENTION=efficient takes the memory-efficient kernel instead
+//   CUDA float32        LibTorch's memory-efficient attention (the CUTLASS kernel of
 //                       scaled_dot_product_attention: Dqk ≠ Dv, varlen through cu_seqlens,
-//                       bottom-right causal, an additive bias); MLACP_CUDA_ATTENTION=flash: LibTorch's
-//                       flash attention for bf16 pieces with V zero-padded to Dqk (masks stay on the
-//                       memory-efficient kernel)
+//                       bottom-right causal, an additive bias); masks take it in every dtype
 //   CUDA float64, CPU   a reference kernel with plain ATen math per piece (the fused kernels have no
 //                       float64; the CPU tests run the planning and the combination through it)
 // Which kernel ran is in PieceStats.
@@ -78,7 +81,7 @@ const VarlenKernel& reference_varlen_kernel();
 const VarlenKernel* memory_efficient_varlen_kernel();
 // LibTorch's flash attention with V padded to Dqk (16-bit); nullptr where this LibTorch lacks it.
 const VarlenKernel* flash_padded_varlen_kernel();
-// MLACP_CUDA_ATTENTION: "efficient" (unset) or "flash"; anything else is an error naming both.
+// MLACP_CUDA_ATTENTION: "auto" (unset), "efficient" or "flash"; anything else is an error naming them.
 std::string cuda_attention_setting();
 // The kernel for tensors of `dtype` on `device` (the table above; an error where a CUDA kernel is
 // unavailable).

@@ -306,17 +306,21 @@ const VarlenKernel* flash_padded_varlen_kernel() {
 
 std::string cuda_attention_setting() {
   const char* value = std::getenv("MLACP_CUDA_ATTENTION");
-  const std::string setting = value && *value ? value : "efficient";
-  MLACP_REQUIRE(setting == "efficient" || setting == "flash", kWhat,
-                "MLACP_CUDA_ATTENTION must be efficient or flash", {got("MLACP_CUDA_ATTENTION", setting)},
-                "unset it (efficient: LibTorch's memory-efficient kernel, Dqk != Dv) or set flash (V padded to Dqk)");
+  const std::string setting = value && *value ? value : "auto";
+  MLACP_REQUIRE(setting == "auto" || setting == "efficient" || setting == "flash", kWhat,
+                "MLACP_CUDA_ATTENTION must be auto, efficient or flash", {got("MLACP_CUDA_ATTENTION", setting)},
+                "unset it (auto: flash with V padded for 16-bit pieces, the memory-efficient kernel for float32), "
+                "or set efficient (the memory-efficient kernel for every dtype) or flash");
   return setting;
 }
 
 const VarlenKernel& varlen_kernel_for(const c10::Device& device, at::ScalarType dtype) {
   // The fused kernels have no float64: float64 on a GPU (the exactness checks) takes the reference.
   if (!device.is_cuda() || dtype == at::kDouble) return reference_varlen_kernel();
-  const bool flash = cuda_attention_setting() == "flash" && dtype != at::kFloat;  // flash: 16-bit only
+  // 16-bit pieces take flash with V padded unless the memory-efficient kernel is asked for: on an
+  // H200 (LibTorch 2.11, causal, 16 heads, Dqk 192, Dv 128, S = 8K-64K) flash ran forward+backward
+  // 3.8-4.6x faster (docs/DESIGN.md §16). Flash has no float32.
+  const bool flash = cuda_attention_setting() != "efficient" && dtype != at::kFloat;
   const VarlenKernel* kernel = flash ? flash_padded_varlen_kernel() : memory_efficient_varlen_kernel();
   MLACP_REQUIRE(kernel != nullptr, kWhat, "CUDA tensors need LibTorch's fused attention kernels (PyTorch 2.x)",
                 {got("device", device)}, "build mlacp against the LibTorch of a PyTorch 2.x CUDA wheel");

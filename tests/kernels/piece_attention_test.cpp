@@ -5,6 +5,7 @@
 // structure the runtime makes: causal / full, packed documents crossing shards, head_tail shards,
 // Ulysses blocks, key subsets and gaps, reversed keys, masks with rows that see nothing.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -108,6 +109,54 @@ TEST(PieceAttention, RowsWithoutKeysGiveExactZeros) {
   }
 }
 
+// The reference kernel, except that a dense call whose bias forbids every key of some row answers
+// with NaN (that row's output, and every gradient): what LibTorch's fused kernels did with such rows
+// in bf16 on an H200 (scripts/gpu-check.sh). The masked path must never hand a kernel such a row.
+class PoisonedByDeadRows final : public VarlenKernel {
+ public:
+  std::string name() const override { return "reference, NaN for fully masked rows"; }
+  PieceResult forward(const VarlenCall& call) const override { return reference_varlen_kernel().forward(call); }
+  PieceGrads backward(const VarlenCall& call, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                      const std::vector<at::Tensor>& state) const override {
+    return reference_varlen_kernel().backward(call, out, lse, dout, state);
+  }
+  PieceResult dense_forward(const DenseCall& call) const override {
+    PieceResult r = reference_varlen_kernel().dense_forward(call);
+    const at::Tensor dead = dead_rows(call);  // [B|1, Sq]
+    r.out = r.out.masked_fill(dead.unsqueeze(-1).unsqueeze(-1).expand_as(r.out), NAN);
+    return r;
+  }
+  PieceGrads dense_backward(const DenseCall& call, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                            const std::vector<at::Tensor>& state) const override {
+    PieceGrads g = reference_varlen_kernel().dense_backward(call, out, lse, dout, state);
+    if (dead_rows(call).any().item<bool>()) g.dq.fill_(NAN), g.dk.fill_(NAN), g.dv.fill_(NAN);
+    return g;
+  }
+  mutable int64_t dead_rows_seen = 0;
+
+ private:
+  at::Tensor dead_rows(const DenseCall& call) const {
+    const at::Tensor dead = (call.bias < -1000).all(-1).squeeze(1);
+    dead_rows_seen += dead.sum().item<int64_t>();
+    return dead;
+  }
+};
+
+TEST(PieceAttention, NoKernelCallSeesARowMaskedEntirely) {
+  const std::vector<Case> all = cases();
+  const Case c = *std::find_if(all.begin(), all.end(), [](const Case& x) { return x.name == "mask_dead_rows_docs"; });
+  const AttentionStructure st = structure_of(c);
+  ASSERT_GT(allowed_pairs(st).any(-1).logical_not().sum().item<int64_t>(), 0);
+  const PoisonedByDeadRows kernel;
+  Result got = run(c, at::kDouble, [&](auto& q, auto& k, auto& v, double s) { return piece_attention(q, k, v, s, st, &kernel); });
+  Result want = run(c, at::kDouble, [&](auto& q, auto& k, auto& v, double s) { return reference_attention(q, k, v, s, st); });
+  EXPECT_EQ(kernel.dead_rows_seen, 0);
+  EXPECT_LT(max_error(got.out, want.out), 1e-12);
+  EXPECT_LT(max_error(got.dq, want.dq), 1e-12);
+  EXPECT_LT(max_error(got.dk, want.dk), 1e-12);
+  EXPECT_LT(max_error(got.dv, want.dv), 1e-12);
+}
+
 // Count how often the pieces cover each (query row, key row) pair.
 at::Tensor coverage(const PiecePlan& plan) {
   at::Tensor count = at::zeros({plan.query_rows, plan.key_rows}, at::kLong);
@@ -194,12 +243,17 @@ TEST(PieceAttention, AttendRoutesThePiecesKernelAndRejectionsNameTheRule) {
   EXPECT_EQ(memory_efficient_varlen_kernel() != nullptr, MLACP_TORCH_2 == 1);
   EXPECT_EQ(flash_padded_varlen_kernel() != nullptr, MLACP_TORCH_2 == 1);
   if (MLACP_TORCH_2) {
+    // auto (unset): flash for 16-bit pieces, the memory-efficient kernel for float32
     EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kFloat), memory_efficient_varlen_kernel());
+    EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kBFloat16), flash_padded_varlen_kernel());
+    EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kHalf), flash_padded_varlen_kernel());
+    ::setenv("MLACP_CUDA_ATTENTION", "efficient", 1);
+    EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kBFloat16), memory_efficient_varlen_kernel());
     ::setenv("MLACP_CUDA_ATTENTION", "flash", 1);
     EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kBFloat16), flash_padded_varlen_kernel());
     EXPECT_EQ(&varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kFloat), memory_efficient_varlen_kernel());
     ::setenv("MLACP_CUDA_ATTENTION", "fast", 1);
-    EXPECT_NE(test::error_of([] { varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kBFloat16); }).find("efficient or flash"),
+    EXPECT_NE(test::error_of([] { varlen_kernel_for(c10::Device(c10::kCUDA, 0), at::kBFloat16); }).find("auto, efficient or flash"),
               std::string::npos);
     ::unsetenv("MLACP_CUDA_ATTENTION");
   } else {
