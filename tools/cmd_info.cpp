@@ -51,7 +51,7 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
   const char* nccl = "not in this LibTorch";
 #endif
   std::cout << "CUDA         " << device_count(c10::DeviceType::CUDA) << " visible GPU(s); c10d NCCL " << nccl
-            << " (--device cuda: docs/DESIGN.md §16; not yet run on a GPU)\n";
+            << " (--device cuda: docs/DESIGN.md §16; run on one GPU, NCCL between GPUs not yet)\n";
   std::cout << "presets      ";
   for (const auto& name : preset_names()) std::cout << name << " ";
   std::cout << "\n";
