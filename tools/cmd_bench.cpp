@@ -146,7 +146,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--nproc", a.nproc, "local ranks (CP degree)")->check(int_range(2, 64));
   cmd->add_option("--strategy", a.strategies, "strategies to run (default both), or auto (the planner's choice)")
       ->delimiter(',');
-  cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P), or auto (the planner's choice)");
+  cmd->add_option("--ulysses", a.ulysses, "Ulysses degree (0: U = P on one host; on several, the largest U whose Ulysses groups stay inside a host), or auto (the planner's choice)");
   add_plan_hardware_option(cmd, a.plan_hardware);
   cmd->add_option("--seq", a.seq, "global sequence length")->check(int_range(1, 1 << 22));
   cmd->add_option("--batch", a.batch, "batch")->check(int_range(1, 65536));
@@ -331,6 +331,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   options.link.bandwidth_bytes_per_second = a.bandwidth_gbps * 1e9;
   Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(shape, options);
+  if (lead && groups.topology.hosts() > 1) std::cerr << "bench: " << groups.describe() << "\n";
   const LinkModel fixed_link = *groups.instruments.link;
 
   VerifyCase vc{"bench", cfg};
@@ -376,7 +377,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   json rows = json::array();
   bool all_met = true;
   for (CpStrategy s : strategies) {
-    const CpPlan plan(plan_spec_for(cfg, shape, s, CpPartition::head_tail, true));
+    const CpPlan plan(plan_spec_for(cfg, groups.shape, s, CpPartition::head_tail, true));  // U as the hosts set it
     const std::set<std::string> labels = overlapped_labels(plan, cfg, device.type());
     *groups.instruments.link = fixed_link;
     if (a.auto_link) {

@@ -25,6 +25,7 @@ struct CommonArgs {
   bool pin_cores = false;  // pin local rank r to its own block of cores (benchmarks on small hosts)
   bool batch_scheduling = false;  // ranks under SCHED_BATCH (core/threads.h)
   std::string memory_limit;       // --memory-limit: "" (90% of available), "off" or GiB (memory_check.h)
+  std::string iface;              // --iface: the interfaces Gloo binds under torchrun (GLOO_SOCKET_IFNAME)
   std::vector<std::string> argv;  // the whole command line (for re-launching ranks)
 };
 

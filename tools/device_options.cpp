@@ -1,9 +1,11 @@
 #include "device_options.h"
 
 #include <cstdlib>
+#include <iostream>
 
 #include <torch/version.h>
 
+#include "commands.h"
 #include "core/device.h"
 #include "mlacp/errors.h"
 #include "option_checks.h"
@@ -70,6 +72,12 @@ GroupOptions group_options_for(const DeviceArgs& args, const c10::Device& device
   options.timeout = std::chrono::seconds(timeout_s);
   options.device = device;
   options.backend = parse_comm_backend(args.backend);
+  // A peer that dies while the groups connect: this rank ends within --timeout with the fault,
+  // instead of waiting one timeout per group (comm.h).
+  options.on_group_timeout = [](const std::string& message) {
+    std::cerr << message << std::endl;
+    std::_Exit(kExitFault);
+  };
   return options;
 }
 

@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
   app.add_flag("--batch-sched", common.batch_scheduling,
                "run ranks under SCHED_BATCH: backend threads do not preempt computation (CPU hosts)");
   add_memory_limit_option(app, common.memory_limit);
+  app.add_option("--iface", common.iface,
+                 "network interface(s) the ranks' Gloo groups bind under torchrun, as GLOO_SOCKET_IFNAME (and NCCL's "
+                 "NCCL_SOCKET_IFNAME unless set); default: the interface on the route to MASTER_ADDR")
+      ->check(network_interfaces());
   InfoArgs info;
   VerifyArgs verify;
   BenchArgs bench;
@@ -142,7 +146,7 @@ int main(int argc, char** argv) {
   // An unknown command is named as such (CLI11 would only say a subcommand is required).
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--threads" || arg == "--memory-limit") {
+    if (arg == "--threads" || arg == "--memory-limit" || arg == "--iface") {
       ++i;
       continue;
     }
@@ -163,6 +167,10 @@ int main(int argc, char** argv) {
     // Command-line rule broken: one mlacp line with CLI11's own text (it names the option and value).
     std::cerr << "mlacp: invalid command line: " << e.what() << " (mlacp <command> --help lists the options)\n";
     return kExitInvalidInput;
+  }
+  if (!common.iface.empty()) {  // the ranks read it where torchrun's ranks read c10d's variable
+    ::setenv("GLOO_SOCKET_IFNAME", common.iface.c_str(), 1);
+    ::setenv("NCCL_SOCKET_IFNAME", common.iface.c_str(), 0);
   }
   try {
     mlacp::float32_gemm_setting();  // MLACP_FLOAT32_GEMM checked before any GEMM runs

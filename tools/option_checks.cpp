@@ -1,5 +1,6 @@
 #include "option_checks.h"
 
+#include <net/if.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,6 +166,23 @@ CLI::Validator profile_or_input_file(const std::vector<std::string>& profiles) {
                      const bool profile = std::find(profiles.begin(), profiles.end(), p.string()) != profiles.end();
                      return profile ? std::string() : input_problem(p, InputKind::file);
                    });
+}
+
+CLI::Validator network_interfaces() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        std::stringstream in(input);
+        std::string name, problem;
+        int names = 0;
+        while (std::getline(in, name, ',')) {
+          ++names;
+          if (name.empty() || name.size() >= IF_NAMESIZE || if_nametoindex(name.c_str()) == 0) problem = name;
+        }
+        if (names > 0 && problem.empty() && input.back() != ',') return "";
+        return rejection("must name network interfaces of this host, comma-separated", {got("value", input)},
+                         "ip -brief link lists them (e.g. eth0, or lo for one host)");
+      },
+      "INTERFACES");
 }
 
 }  // namespace mlacp::tools

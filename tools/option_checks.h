@@ -44,5 +44,7 @@ CLI::Validator input_folder();
 CLI::Validator input_path();
 // One of `profiles` (a name), else a readable regular file (the planner's --hardware).
 CLI::Validator profile_or_input_file(const std::vector<std::string>& profiles);
+// Comma-separated names of this host's network interfaces (--iface; --help shows INTERFACES).
+CLI::Validator network_interfaces();
 
 }  // namespace mlacp::tools

@@ -372,6 +372,11 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   // The memory check covers host memory: on a GPU the tensors are the device's (README "GPU").
   if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(prepared.config), 0);
   prepared.config.device = rank_device(args.device, world);
+  const GroupOptions options = group_options_for(args.device, prepared.config.device, args.timeout_s);
+  Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
+  // --ulysses 0 (the default) on several hosts: the Ulysses groups inside a host (comm.h)
+  if (parse_count(kWhat, "ulysses", args.ulysses) == 0)
+    prepared.config.mesh.ulysses = host_local_ulysses(prepared.config.mesh, rendezvous.topology());
   const train::TrainConfig config = prepared.config;
   const bool lead = world.rank == 0;
   const bool own_report = args.progress_log.empty();
@@ -380,8 +385,6 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   std::string passed_over;  // --resume-fallback: the damaged newer generations, said with the resume
   for (const std::string& damaged : prepared.resume_passed_over) passed_over += "; passed over the damaged " + damaged;
 
-  const GroupOptions options = group_options_for(args.device, config.device, args.timeout_s);
-  Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
   ParallelGroups groups = rendezvous.groups(config.mesh, options);
   if (lead) std::cerr << "train: " << config.describe() << "\ntrain: " << groups.describe() << "\n";
   train::Trainer trainer(std::move(prepared), groups);
@@ -579,7 +582,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   layout->add_option("--tp", args.tp, "tensor-parallel degree (attention heads)")
       ->capture_default_str()
       ->check(int_range(1, 65536));
-  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P), or auto (the planner's choice)")
+  layout->add_option("--ulysses", args.ulysses, "Ulysses degree U (0: U = P on one host; on several, the largest U whose Ulysses groups stay inside a host), or auto (the planner's choice)")
       ->capture_default_str();
   layout->add_option("--strategy", args.strategy, "expanded_ulysses | latent_kv_head | auto (the planner's choice)")
       ->capture_default_str();

@@ -138,19 +138,38 @@ std::vector<uint64_t> all_gather_u64(const CommGroup& group, uint64_t value);
 void barrier(const CommGroup& group);
 
 // --- groups ---------------------------------------------------------------------------------
-// torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; and
-// MLACP_RENDEZVOUS_FILE, set by mlacp's local launcher (--nproc): the ranks then meet over a
-// FileStore in the launcher's private folder, and nothing listens on a network port.
+// torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
+// rank), MASTER_ADDR, MASTER_PORT; c10d's GLOO_SOCKET_IFNAME; and MLACP_RENDEZVOUS_FILE, set by
+// mlacp's local launcher (--nproc): the ranks then meet over a FileStore in the launcher's private
+// folder, and nothing listens on a network port.
 struct WorldInfo {
   int64_t rank = 0;
   int64_t size = 1;
   int64_t local_rank = 0;
+  int64_t local_world_size = 0;  // ranks on this host (LOCAL_WORLD_SIZE); 0: not given
+  int64_t node_rank = -1;        // torchrun's GROUP_RANK; -1: not given
   std::string master_addr = "127.0.0.1";
   int port = 29500;
   std::string store_file;  // non-empty: rendezvous over this FileStore instead of TCP
+  // The interfaces Gloo binds (GLOO_SOCKET_IFNAME, comma-separated); empty: the one on the route to
+  // MASTER_ADDR (docs/DESIGN.md §2 "Several hosts").
+  std::string interfaces;
 };
 // Reads the variables; throws mlacp::Error naming a missing or malformed one.
 WorldInfo world_from_env();
+
+// Which host each rank runs on, learnt at the rendezvous (every rank reports where it runs before
+// any group is built) and identical on every rank. A host is torchrun's node (GROUP_RANK) where
+// it is set, else the address a rank's Gloo device binds together with the host's name.
+struct Topology {
+  std::vector<int64_t> host_of_rank;    // world rank -> host index (hosts numbered by their first rank)
+  std::vector<std::string> host_names;  // host index -> "10.0.0.2 (node 1)", as its ranks reported it
+  std::vector<std::string> host_addresses;  // host index -> the address its first rank's Gloo device binds
+  int64_t hosts() const { return static_cast<int64_t>(host_names.size()); }
+  bool one_host(const std::vector<int64_t>& world_ranks) const;  // every one of them on one host
+  std::vector<int64_t> ranks_on(int64_t host) const;
+  std::string describe() const;  // "2 hosts: 10.0.0.1 (node 0) ranks 0, 1; 10.0.0.2 (node 1) ranks 2, 3"
+};
 
 struct MeshShape {
   int64_t dp = 1;
@@ -177,8 +196,17 @@ struct ParallelGroups {
   int64_t dp_rank = 0, cp_rank = 0, tp_rank = 0;
   CommGroup world, dp, cp, tp, ulysses, all_gather;
   Instruments instruments;
-  std::string describe() const;  // the rank order, printed by the tools
+  Topology topology;
+  std::string describe() const;  // the rank order and, on several hosts, which groups cross them
 };
+
+// The Ulysses degree a shape with ulysses == 0 gets: P on one host; on several, the largest U
+// dividing P whose Ulysses groups (U consecutive CP ranks) each lie on one host, so the
+// all-to-alls stay inside hosts and the all-gathers cross them.
+int64_t host_local_ulysses(const MeshShape& shape, const Topology& topology);
+// The world ranks of every Ulysses group (or every all-gather group) of the shape.
+std::vector<std::vector<int64_t>> ulysses_groups(const MeshShape& shape);
+std::vector<std::vector<int64_t>> all_gather_groups(const MeshShape& shape);
 
 // Which c10d backend moves a group's tensors. automatic: Gloo for CPU tensors, NCCL for CUDA
 // tensors. gloo on a CUDA device: Gloo's CUDA path (it stages through host memory): slower, but it
@@ -189,6 +217,11 @@ CommBackend parse_comm_backend(const std::string& name);
 
 struct GroupOptions {
   std::chrono::milliseconds timeout{60000};  // a dead peer is an error after this
+  // Called from a watchdog thread with the fault when building a set of groups takes longer than
+  // `timeout` (a peer died while they connect: c10d's connect cannot be interrupted, and each of
+  // the six groups would wait its own timeout). The tool prints it and ends the process; unset,
+  // there is no watchdog (library code never exits).
+  std::function<void(const std::string& message)> on_group_timeout;
   LinkModel link;  // the emulated link: host-timed (CPU) groups only
   // device: the default; tools and bindings set the rank's device
   c10::Device device{c10::DeviceType::CPU};  // where the groups' tensors live: this rank's GPU for CUDA
@@ -210,6 +243,7 @@ class Rendezvous {
   static Rendezvous of(const WorldInfo& world, std::chrono::milliseconds timeout);
   ParallelGroups groups(const MeshShape& shape, const GroupOptions& options);
   const WorldInfo& world() const;
+  const Topology& topology() const;
 
   struct Impl;
 

@@ -196,7 +196,7 @@ ParallelGroups& GroupCache::get(const MeshShape& shape) {
   }
   MeshShape key = shape;
   key.ulysses = u;
-  built_.emplace_back(key, rendezvous_.groups(shape, options_));
+  built_.emplace_back(key, rendezvous_.groups(key, options_));  // a case's U = 0 is U = P, on any hosts
   return built_.back().second;
 }
 

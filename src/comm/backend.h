@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -49,6 +50,11 @@ struct CommGroup::Impl {
   // device: the default; group construction sets the rank's device
   c10::Device device{c10::DeviceType::CPU};  // where the group's tensors (and its control values) live
   std::string backend_name = "none";
+  // Who the members are, for fault messages naming the host a rank lost: their world ranks, this
+  // rank's, and where every rank runs (empty for groups over c10d groups made elsewhere).
+  std::vector<int64_t> members;
+  int64_t world_rank = 0;
+  std::shared_ptr<const Topology> topology;
   std::mutex once_mutex;
   std::set<std::string> once;  // CommGroup::first_time keys already asked
 };

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "comm/backend.h"
+#include "comm/hosts.h"
 #include "core/format.h"
 #include "mlacp/errors.h"
 
@@ -88,32 +89,40 @@ struct AsyncHandle::State {
   TimePoint launched_point;  // the timeline's clock (a device point on a device-timed timeline)
   CollectiveKind kind = CollectiveKind::all_to_all;
   bool waited = false;
-  std::string group;  // name, rank and size of the group, for fault messages
-  int64_t group_rank = 0, group_size = 1;
-  std::chrono::milliseconds timeout{0};
+  CommGroup group;  // for fault messages: its name, rank, size, timeout and members' hosts
 };
 
 namespace {
 
 // Waits for a backend collective; its failure (the backend's own text, e.g. Gloo's "Connection
-// reset by peer" or "Timed out waiting") becomes an mlacp fault that says what it means here.
-void wait_or_fault(c10d::Work& work, const std::string& label, const std::string& group, int64_t rank, int64_t size,
-                   std::chrono::milliseconds timeout) {
+// reset by peer" or "Timed out waiting") becomes an mlacp fault that says what it means here and,
+// across hosts, which host the rank lost: the one whose address the backend names, else the
+// group's members on other hosts (a link that went down shows only as a timeout).
+void wait_or_fault(c10d::Work& work, const std::string& label, const CommGroup& group) {
   try {
     work.wait();
   } catch (const std::exception& e) {
     std::string cause = e.what();
     cause = cause.substr(0, cause.find('\n'));
-    fail_fault("communication", "a collective failed: a peer rank exited or stalled longer than the timeout",
-               {got("collective", label), got("group", group),
-                got("group_rank", std::to_string(rank) + " of " + std::to_string(size)),
-                got("timeout_s", static_cast<double>(timeout.count()) / 1000.0), got("cause", cause)},
+    const CommGroup::Impl& g = group.impl();
+    std::vector<ErrorValue> values{got("collective", label), got("group", g.name),
+                                   got("group_rank", std::to_string(g.rank) + " of " + std::to_string(g.size)),
+                                   got("timeout_s", static_cast<double>(g.timeout.count()) / 1000.0)};
+    if (g.topology && g.topology->hosts() > 1) {
+      const std::string named = host_named_in(*g.topology, e.what(), g.members);
+      const std::string others = other_hosts_of(*g.topology, g.world_rank, g.members);
+      if (!named.empty()) values.push_back(got("lost_host", named));
+      else if (!others.empty()) values.push_back(got("lost_contact_with", others));
+      else values.push_back(got("lost", "a rank of this host (every member of the group runs here)"));
+    }
+    values.push_back(got("cause", cause));
+    fail_fault("communication", "a collective failed: a peer rank exited or stalled longer than the timeout", values,
                "the launcher names the rank that failed first; raise --timeout if a rank is only slow");
   }
 }
 
 void wait_or_fault(const CommGroup& group, const c10::intrusive_ptr<c10d::Work>& work, const std::string& label) {
-  wait_or_fault(*work, label, group.name(), group.rank(), group.size(), group.impl().timeout);
+  wait_or_fault(*work, label, group);
 }
 
 }  // namespace
@@ -151,8 +160,7 @@ std::vector<at::Tensor> AsyncHandle::wait() {
   // On a CUDA backend (NCCL) wait() makes the current stream wait for the collective and returns
   // at once: the host is not blocked (docs/DESIGN.md §16).
   if (state_->work)
-    wait_or_fault(*state_->work, state_->label, state_->group, state_->group_rank, state_->group_size,
-                  state_->timeout);
+    wait_or_fault(*state_->work, state_->label, state_->group);
   const bool emulated = state_->link && state_->link->enabled() && state_->work;
   if (emulated) std::this_thread::sleep_until(state_->link_done);
   if (state_->timeline) {
@@ -211,9 +219,7 @@ std::unique_ptr<AsyncHandle::State> new_state(const CommGroup& group, const std:
   state->bytes = bytes;
   state->link = group.impl().link;
   state->kind = kind;
-  state->group = group.name();
-  state->group_rank = group.rank(), state->group_size = group.size();
-  state->timeout = group.impl().timeout;
+  state->group = group;
   if (group.size() > 1 && state->link && state->link->enabled())
     std::tie(state->link_start, state->link_done) = state->link->book(state->launched_at, bytes);
   if (group.size() > 1 && group.impl().timeline && group.impl().timeline->enabled()) {

@@ -1,13 +1,15 @@
 // Rendezvous and group construction: one store, one prefix per group, created in the same order
-// on every rank (each rank builds only the groups it belongs to).
+// on every rank (each rank builds only the groups it belongs to). Every rank first reports where it
+// runs (the roll call), so the groups know the hosts (docs/DESIGN.md §2 "Several hosts").
 #include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
-
-#include <c10/util/Logging.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -18,6 +20,8 @@
 #endif
 
 #include "comm/backend.h"
+#include "comm/hosts.h"
+#include "comm/quiet_log.h"
 #include "mlacp/errors.h"
 
 namespace mlacp {
@@ -53,28 +57,6 @@ std::string backend_for(const GroupOptions& options) {
   if (options.device.is_cpu()) return "gloo";
   return options.backend == CommBackend::gloo ? "gloo" : "nccl";
 }
-
-// c10d's own log lines are off while the TCP store connects and while a group's ranks meet over
-// it: glog's "[c10d] ..." lines on stderr (one a second while a client retries, one per timed-out
-// wait for a rank that never comes), before mlacp's own line. The exception the store throws
-// carries the same text, which becomes the mlacp error's cause. c10d logs only at levels >=
-// caffe2_log_level (its ERROR is 2); TORCH_CPP_LOG_LEVEL, LibTorch's switch for its logs, is
-// honoured when set. The flag is process-wide: other threads' c10d lines are off for that time too.
-class QuietC10dLog {
- public:
-  QuietC10dLog() : active_(std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr), saved_(FLAGS_caffe2_log_level) {
-    if (active_) FLAGS_caffe2_log_level = 3;  // above c10d's ERROR
-  }
-  ~QuietC10dLog() {
-    if (active_) FLAGS_caffe2_log_level = saved_;
-  }
-  QuietC10dLog(const QuietC10dLog&) = delete;
-  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
-
- private:
-  bool active_;
-  int saved_;
-};
 
 // MASTER_ADDR must name a host this one can resolve (c10d's store would retry a name that does
 // not until the timeout): an input error, or a fault when the resolver itself did not answer.
@@ -124,7 +106,7 @@ void check_group_options(const GroupOptions& options) {
 namespace {
 
 c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                             int64_t size, const GroupOptions& options) {
+                                             int64_t size, const GroupOptions& options, const GlooEndpoint& endpoint) {
 #ifdef USE_C10D_NCCL
   if (backend_for(options) == "nccl") {
     auto nccl = c10d::ProcessGroupNCCL::Options::create();
@@ -137,16 +119,31 @@ c10::intrusive_ptr<C10dBackend> make_backend(const c10::intrusive_ptr<c10d::Stor
   }
 #endif
   auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  // The interfaces named (GLOO_SOCKET_IFNAME, --iface), else the address on the route to MASTER_ADDR
+  // (127.0.0.1 for a local launch): peers on other hosts dial what this device binds.
+  for (const std::string& name : endpoint.interfaces)
+    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  if (endpoint.interfaces.empty()) gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(endpoint.address));
   gloo->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size), gloo);
 }
 
+struct GroupContext {
+  const GroupOptions& options;
+  const Instruments& instruments;
+  const GlooEndpoint& endpoint;
+  std::shared_ptr<const Topology> topology;
+};
+
 // Builds the group of `members` (world ranks) if this rank is one of them.
 CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
-                     const std::vector<int64_t>& members, int64_t world_rank, const GroupOptions& options,
-                     const Instruments& instruments) {
+                     const std::vector<int64_t>& members, int64_t world_rank, const GroupContext& ctx) {
+  const GroupOptions& options = ctx.options;
+  const Instruments& instruments = ctx.instruments;
   auto impl = std::make_shared<CommGroup::Impl>();
+  impl->members = members;
+  impl->world_rank = world_rank;
+  impl->topology = ctx.topology;
   impl->size = static_cast<int64_t>(members.size());
   impl->name = name;
   impl->counters = instruments.counters;
@@ -162,15 +159,17 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     try {
       const QuietC10dLog quiet;  // 2.x's store client logs each timed-out wait for a missing rank
-      impl->backend = make_backend(prefixed, impl->rank, impl->size, options);
+      impl->backend = make_backend(prefixed, impl->rank, impl->size, options, ctx.endpoint);
       impl->backend_name = backend_for(options);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // a rank that never came, or a connection refused
-      fail_fault(kWhat, "not every rank of the group arrived within the timeout",
-                 {got("group", name), got("group_size", impl->size), got("world_rank", world_rank),
-                  got("timeout_s", static_cast<double>(options.timeout.count()) / 1000.0),
-                  got("cause", first_line(e.what()))},
+      std::vector<ErrorValue> values{got("group", name), got("group_size", impl->size), got("world_rank", world_rank),
+                                     got("timeout_s", static_cast<double>(options.timeout.count()) / 1000.0)};
+      const std::string others = other_hosts_of(*ctx.topology, world_rank, members);
+      if (!others.empty()) values.push_back(got("members_on_other_hosts", others));
+      values.push_back(got("cause", first_line(e.what())));
+      fail_fault(kWhat, "not every rank of the group arrived within the timeout", values,
                  "start every rank (WORLD_SIZE of them) with the same MASTER_ADDR and MASTER_PORT; raise --timeout "
                  "if some start late");
     }
@@ -179,12 +178,14 @@ CommGroup make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::st
 }
 
 ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, const std::string& generation,
-                            const WorldInfo& world, const MeshShape& requested, const GroupOptions& options) {
+                            const WorldInfo& world, const MeshShape& requested, const GroupOptions& options,
+                            const GlooEndpoint& endpoint, const std::shared_ptr<const Topology>& topology) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(generation, base_store);
   ParallelGroups g;
   g.world_info = world;
+  g.topology = *topology;
   g.shape = requested;
-  if (g.shape.ulysses == 0) g.shape.ulysses = g.shape.cp;
+  if (g.shape.ulysses == 0) g.shape.ulysses = host_local_ulysses(g.shape, *topology);
   const MeshShape& s = g.shape;
   g.instruments.counters = std::make_shared<CommCounters>();
   g.instruments.link = std::make_shared<LinkModel>(options.link);
@@ -203,12 +204,26 @@ ParallelGroups build_groups(const c10::intrusive_ptr<c10d::Store>& base_store, c
   const int64_t u = s.ulysses, a = g.cp_rank / u;
   for (int64_t j = 0; j < u; ++j) ulysses_members.push_back(world_rank(g.dp_rank, a * u + j, g.tp_rank));
   for (int64_t i = 0; i < s.cp / u; ++i) gather_members.push_back(world_rank(g.dp_rank, i * u + g.cp_rank % u, g.tp_rank));
-  g.world = make_group(store, "world", all, r, options, g.instruments);
-  g.dp = make_group(store, "dp", dp_members, r, options, g.instruments);
-  g.cp = make_group(store, "cp", cp_members, r, options, g.instruments);
-  g.tp = make_group(store, "tp", tp_members, r, options, g.instruments);
-  g.ulysses = make_group(store, "ulysses", ulysses_members, r, options, g.instruments);
-  g.all_gather = make_group(store, "all_gather", gather_members, r, options, g.instruments);
+  // Every group of the set within one --timeout: a peer that dies while they connect would
+  // otherwise cost each remaining group its own timeout (c10d's connect cannot be interrupted:
+  // the caller's callback ends the process).
+  std::unique_ptr<Watchdog> watchdog;
+  if (options.on_group_timeout) {
+    std::string message = Error(kWhat, "the ranks did not finish connecting their groups within the timeout",
+                                {got("world_rank", r), got("timeout_s", static_cast<double>(options.timeout.count()) / 1000.0),
+                                 got("hosts", topology->describe())},
+                                "a peer exited or stalled while the groups connected: the launcher names the rank that "
+                                "failed first; raise --timeout if a rank is only slow", ErrorKind::fault)
+                              .what();
+    watchdog = std::make_unique<Watchdog>(options.timeout, [callback = options.on_group_timeout, message] { callback(message); });
+  }
+  const GroupContext ctx{options, g.instruments, endpoint, topology};
+  g.world = make_group(store, "world", all, r, ctx);
+  g.dp = make_group(store, "dp", dp_members, r, ctx);
+  g.cp = make_group(store, "cp", cp_members, r, ctx);
+  g.tp = make_group(store, "tp", tp_members, r, ctx);
+  g.ulysses = make_group(store, "ulysses", ulysses_members, r, ctx);
+  g.all_gather = make_group(store, "all_gather", gather_members, r, ctx);
   // Nobody leaves before every peer has finished connecting (a rank that exits right after
   // creation would otherwise break a peer's half-built connection).
   barrier(g.world);
@@ -239,6 +254,9 @@ WorldInfo world_from_env() {
   w.rank = env_int("RANK", true, 0);
   w.size = env_int("WORLD_SIZE", true, 1);
   w.local_rank = env_int("LOCAL_RANK", false, w.rank);
+  w.local_world_size = env_int("LOCAL_WORLD_SIZE", false, 0);
+  w.node_rank = std::getenv("GROUP_RANK") ? env_int("GROUP_RANK", true, 0) : -1;
+  if (const char* names = std::getenv("GLOO_SOCKET_IFNAME")) w.interfaces = names;
   const char* addr = std::getenv("MASTER_ADDR");
   w.master_addr = addr ? addr : "127.0.0.1";
   if (const char* file = std::getenv("MLACP_RENDEZVOUS_FILE")) w.store_file = file;
@@ -247,7 +265,51 @@ WorldInfo world_from_env() {
                 {got("MASTER_PORT", w.port)}, "pick a free port, e.g. 29500");
   MLACP_REQUIRE(w.size >= 1 && w.rank < w.size, kWhat, "RANK must be below WORLD_SIZE",
                 {got("RANK", w.rank), got("WORLD_SIZE", w.size)}, "fix the launcher's environment");
+  MLACP_REQUIRE(w.local_world_size == 0 || (w.local_world_size >= 1 && w.local_world_size <= w.size &&
+                                            w.local_rank < w.local_world_size),
+                kWhat, "LOCAL_RANK must be below LOCAL_WORLD_SIZE, and LOCAL_WORLD_SIZE at most WORLD_SIZE",
+                {got("LOCAL_RANK", w.local_rank), got("LOCAL_WORLD_SIZE", w.local_world_size), got("WORLD_SIZE", w.size)},
+                "fix the launcher's environment (torchrun sets all three)");
   return w;
+}
+
+std::vector<std::vector<int64_t>> ulysses_groups(const MeshShape& s) {
+  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses;
+  std::vector<std::vector<int64_t>> groups;
+  for (int64_t d = 0; d < s.dp; ++d)
+    for (int64_t t = 0; t < s.tp; ++t)
+      for (int64_t a = 0; a < s.cp / u; ++a) {
+        std::vector<int64_t> members;
+        for (int64_t j = 0; j < u; ++j) members.push_back((d * s.cp + a * u + j) * s.tp + t);
+        groups.push_back(members);
+      }
+  return groups;
+}
+
+std::vector<std::vector<int64_t>> all_gather_groups(const MeshShape& s) {
+  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses;
+  std::vector<std::vector<int64_t>> groups;
+  for (int64_t d = 0; d < s.dp; ++d)
+    for (int64_t t = 0; t < s.tp; ++t)
+      for (int64_t j = 0; j < u; ++j) {
+        std::vector<int64_t> members;
+        for (int64_t a = 0; a < s.cp / u; ++a) members.push_back((d * s.cp + a * u + j) * s.tp + t);
+        groups.push_back(members);
+      }
+  return groups;
+}
+
+int64_t host_local_ulysses(const MeshShape& shape, const Topology& topology) {
+  if (topology.hosts() <= 1) return shape.cp;
+  for (int64_t u = shape.cp; u > 1; --u) {
+    if (shape.cp % u != 0) continue;
+    MeshShape s = shape;
+    s.ulysses = u;
+    bool inside = true;
+    for (const auto& members : ulysses_groups(s)) inside = inside && topology.one_host(members);
+    if (inside) return u;
+  }
+  return 1;
 }
 
 void check_mesh_shape(const MeshShape& s, int64_t world_size) {
@@ -264,8 +326,43 @@ void check_mesh_shape(const MeshShape& s, int64_t world_size) {
 struct Rendezvous::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   WorldInfo world;
+  GlooEndpoint endpoint;
+  std::shared_ptr<const Topology> topology;
   int64_t generation = 0;
 };
+
+namespace {
+
+// 2.x: rank 0's store listens on MASTER_ADDR only (c10d would listen on every interface): the
+// socket is made here and handed to the TCPStore. -1 where it cannot be (errno set).
+int listen_on_master_addr(const WorldInfo& world) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(world.master_addr.c_str(), std::to_string(world.port).c_str(), &hints, &found) != 0) return -1;
+  int fd = -1, error = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 2048) != 0) {
+      error = errno;
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) errno = error;
+  return fd;
+}
+
+void meet(Rendezvous::Impl& impl, std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point deadline) {
+  impl.topology = std::make_shared<const Topology>(roll_call(*impl.store, impl.world, impl.endpoint, deadline, timeout));
+}
+
+}  // namespace
 
 Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions store_options;
@@ -276,9 +373,26 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
   // Rank 0 does not wait here for the others to connect: the groups' own rendezvous waits for
   // them, so a missing rank costs one --timeout, not two.
   store_options.waitWorkers = false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   check_master_addr(world);
   Rendezvous r;
   r.impl_ = std::make_shared<Impl>();
+  r.impl_->endpoint = gloo_endpoint(world);
+#if TORCH_VERSION_MAJOR >= 2
+  if (world.rank == 0) {
+    const int fd = listen_on_master_addr(world);
+    if (fd < 0 && errno == EADDRNOTAVAIL)
+      fail(kWhat, "rank 0 serves the rendezvous store on MASTER_ADDR, so it must run on that host",
+           {got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port), got("rank", world.rank)},
+           "set MASTER_ADDR to an address of rank 0's host (torchrun: the --master_addr of node 0)");
+    if (fd < 0 && errno == EADDRINUSE)
+      fail(kWhat, "rank 0 cannot serve the rendezvous store: MASTER_PORT is taken on this host",
+           {got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port), got("rank", world.rank),
+            got("cause", std::strerror(EADDRINUSE))},
+           "pick a free MASTER_PORT (mlacp's own --nproc launcher needs none)");
+    if (fd >= 0) store_options.masterListenFd = fd;
+  }
+#endif
   try {
     const QuietC10dLog quiet;
     r.impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
@@ -296,16 +410,22 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
                "start rank 0 (it serves the store) and check MASTER_ADDR and MASTER_PORT");
   }
   r.impl_->world = world;
+  meet(*r.impl_, timeout, deadline);
   return r;
 }
 
 Rendezvous Rendezvous::file(const std::string& path, const WorldInfo& world, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   Rendezvous r;
   r.impl_ = std::make_shared<Impl>();
+  WorldInfo local = world;
+  local.store_file = path;  // a FileStore: the ranks share this host
   auto store = c10::make_intrusive<c10d::FileStore>(path, static_cast<int>(world.size));
   store->setTimeout(timeout);
   r.impl_->store = store;
-  r.impl_->world = world;
+  r.impl_->world = local;
+  r.impl_->endpoint = gloo_endpoint(local);
+  meet(*r.impl_, timeout, deadline);
   return r;
 }
 
@@ -317,19 +437,22 @@ ParallelGroups Rendezvous::groups(const MeshShape& shape, const GroupOptions& op
   check_mesh_shape(shape, impl_->world.size);
   check_group_options(options);
   const std::string generation = "g" + std::to_string(impl_->generation++) + "/";
-  return build_groups(impl_->store, generation, impl_->world, shape, options);
+  return build_groups(impl_->store, generation, impl_->world, shape, options, impl_->endpoint, impl_->topology);
 }
 
 const WorldInfo& Rendezvous::world() const { return impl_->world; }
+const Topology& Rendezvous::topology() const { return *impl_->topology; }
 
 ParallelGroups create_parallel_groups(const WorldInfo& world, const MeshShape& shape, const GroupOptions& options) {
   check_mesh_shape(shape, world.size);
+  check_group_options(options);  // before the rendezvous: a rule never waits for the peers
   return Rendezvous::of(world, options.timeout).groups(shape, options);
 }
 
 ParallelGroups create_parallel_groups_file(const std::string& path, const WorldInfo& world, const MeshShape& shape,
                                            const GroupOptions& options) {
   check_mesh_shape(shape, world.size);
+  check_group_options(options);
   return Rendezvous::file(path, world, options.timeout).groups(shape, options);
 }
 
@@ -338,6 +461,20 @@ std::string ParallelGroups::describe() const {
   out << "world " << world_info.size << " = dp " << shape.dp << " x cp " << shape.cp << " x tp " << shape.tp
       << " (TP innermost: world_rank = (dp_rank*cp + cp_rank)*tp + tp_rank); CP grid A " << shape.cp / shape.ulysses
       << " x U " << shape.ulysses << " (Ulysses groups: U consecutive CP ranks)";
+  if (topology.hosts() > 1) {
+    auto crossing = [&](const std::vector<std::vector<int64_t>>& groups) {
+      int64_t n = 0;
+      for (const auto& members : groups) n += topology.one_host(members) ? 0 : 1;
+      return n;
+    };
+    const int64_t a2a = shape.ulysses > 1 ? crossing(ulysses_groups(shape)) : 0;
+    const int64_t gathers = shape.ulysses < shape.cp ? crossing(all_gather_groups(shape)) : 0;
+    out << "; " << topology.describe() << "; "
+        << (a2a > 0 ? "the Ulysses all-to-alls CROSS hosts (" + std::to_string(a2a) + " groups)"
+                    : shape.ulysses > 1 ? std::string("the Ulysses all-to-alls stay inside hosts")
+                                        : std::string("no Ulysses all-to-all"))
+        << ", " << (gathers > 0 ? "the all-gathers cross hosts" : "no all-gather crosses hosts");
+  }
   return out.str();
 }
 
