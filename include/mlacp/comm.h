@@ -168,7 +168,7 @@ struct Topology {
   int64_t hosts() const { return static_cast<int64_t>(host_names.size()); }
   bool one_host(const std::vector<int64_t>& world_ranks) const;  // every one of them on one host
   std::vector<int64_t> ranks_on(int64_t host) const;
-  std::string describe() const;  // "2 hosts: 10.0.0.1 (node 0) ranks 0, 1; 10.0.0.2 (node 1) ranks 2, 3"
+  std::string describe() const;  // "2 hosts: 10.0.0.1 (node 0) ranks [0, 1] | 10.0.0.2 (node 1) ranks [2, 3]"
 };
 
 struct MeshShape {

@@ -333,6 +333,7 @@ struct Rendezvous::Impl {
 
 namespace {
 
+#if TORCH_VERSION_MAJOR >= 2
 // 2.x: rank 0's store listens on MASTER_ADDR only (c10d would listen on every interface): the
 // socket is made here and handed to the TCPStore. -1 where it cannot be (errno set).
 int listen_on_master_addr(const WorldInfo& world) {
@@ -357,6 +358,7 @@ int listen_on_master_addr(const WorldInfo& world) {
   if (fd < 0) errno = error;
   return fd;
 }
+#endif
 
 void meet(Rendezvous::Impl& impl, std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point deadline) {
   impl.topology = std::make_shared<const Topology>(roll_call(*impl.store, impl.world, impl.endpoint, deadline, timeout));

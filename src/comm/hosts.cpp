@@ -31,12 +31,6 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return parts;
 }
 
-std::string join(const std::vector<int64_t>& values) {
-  std::string out;
-  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return out;
-}
-
 std::string numeric_host(const sockaddr* addr, socklen_t length) {
   char host[NI_MAXHOST] = {0};
   if (getnameinfo(addr, length, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return "";
@@ -131,7 +125,7 @@ std::vector<int64_t> Topology::ranks_on(int64_t host) const {
 std::string Topology::describe() const {
   std::ostringstream out;
   out << hosts() << (hosts() == 1 ? " host" : " hosts") << ":";
-  for (int64_t h = 0; h < hosts(); ++h) out << (h ? ";" : "") << " " << host_names[h] << " ranks " << join(ranks_on(h));
+  for (int64_t h = 0; h < hosts(); ++h) out << (h ? " |" : "") << " " << host_names[h] << " ranks " << got("", ranks_on(h)).value;
   return out.str();
 }
 
@@ -195,9 +189,9 @@ Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoin
     }
     std::vector<ErrorValue> values{got("rank", world.rank), got("world_size", world.size),
                                    got("timeout_s", static_cast<double>(timeout.count()) / 1000.0)};
-    if (!missing.empty()) values.push_back(got("missing_ranks", join(missing)));
+    if (!missing.empty()) values.push_back(got("missing_ranks", missing));
     if (!missing_nodes.empty())
-      values.push_back(got("missing_nodes", join(std::vector<int64_t>(missing_nodes.begin(), missing_nodes.end())) +
+      values.push_back(got("missing_nodes", got("", std::vector<int64_t>(missing_nodes.begin(), missing_nodes.end())).value +
                                                 " (LOCAL_WORLD_SIZE=" + std::to_string(world.local_world_size) +
                                                 " consecutive ranks a node, as torchrun assigns them)"));
     std::string hosts;
@@ -212,9 +206,20 @@ Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoin
   Topology t;
   std::map<std::string, int64_t> host_index;
   std::vector<RollEntry> entries;
-  {
+  try {
     const QuietC10dLog quiet;
     for (int64_t r = 0; r < world.size; ++r) entries.push_back(parse_entry(store.get(roll_key(r))));
+    // Nobody goes on, or raises a rule below, before every rank has read the roll: rank 0 serves
+    // the store, and a rank still reading when it ends would see a broken pipe.
+    if (store.add("mlacp/roll/read", 1) == world.size) store.set("mlacp/roll/done", std::vector<uint8_t>{1});
+    store.wait({"mlacp/roll/done"}, std::max(std::chrono::milliseconds(1),
+                                             std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 deadline - std::chrono::steady_clock::now())));
+  } catch (const std::exception& e) {
+    fail_fault(kWhat, "the rendezvous store stopped answering during the roll call",
+               {got("rank", world.rank), got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port),
+                got("cause", std::string(e.what()).substr(0, std::string(e.what()).find('\n')))},
+               "rank 0 serves the store: it ended, or its host went away; its own error says why");
   }
   for (const RollEntry& e : entries) {
     // torchrun's node rank names the host where it is set; else the bound address and the host name
@@ -228,6 +233,19 @@ Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoin
     }
     t.host_of_rank.push_back(it->second);
   }
+  // Several hosts: a Gloo device on a loopback address cannot be dialled from the others (each
+  // would reach its own loopback): said on every rank before any group connects.
+  if (t.hosts() > 1) {
+    for (int64_t h = 0; h < t.hosts(); ++h) {
+      const std::string& a = t.host_addresses[h];
+      const bool loopback = a.rfind("127.", 0) == 0 || a == "::1";
+      MLACP_REQUIRE(!loopback, kWhat,
+                    "ranks on several hosts must bind addresses the other hosts can reach, not loopback",
+                    {got("host", t.host_names[h]), got("address", a), got("hosts", t.describe())},
+                    "set MASTER_ADDR to rank 0's address on the network between the hosts (not 127.0.0.1 or "
+                    "localhost), or name that network's interface with GLOO_SOCKET_IFNAME or --iface");
+    }
+  }
   return t;
 }
 
@@ -239,7 +257,7 @@ std::string other_hosts_of(const Topology& topology, int64_t world_rank, const s
     if (topology.host_of_rank.at(r) != mine) others[topology.host_of_rank.at(r)].push_back(r);
   std::string out;
   for (const auto& [host, ranks] : others)
-    out += (out.empty() ? "" : "; ") + topology.host_names[host] + ": world ranks " + join(ranks);
+    out += (out.empty() ? "" : "; ") + topology.host_names[host] + " world ranks " + got("", ranks).value;
   return out;
 }
 
@@ -253,7 +271,7 @@ std::string host_named_in(const Topology& topology, const std::string& text, con
       std::vector<int64_t> ranks;
       for (int64_t r : world_ranks)
         if (topology.host_of_rank.at(r) == h) ranks.push_back(r);
-      return topology.host_names[h] + ": world ranks " + join(ranks);
+      return topology.host_names[h] + " world ranks " + got("", ranks).value;
     }
   }
   return "";
