@@ -304,7 +304,9 @@ int run_as_rank(const CommonArgs& common, const VerifyArgs& args) {
   if (lead && args.device.cuda())
     std::cerr << "verify: CP runs on " << device.type() << " (backend " << args.device.backend
               << "); the float64 oracle on the CPU\n";
-  GroupCache group_cache(Rendezvous::of(world, options.timeout), options);
+  Rendezvous rendezvous = Rendezvous::of(world, options.timeout);
+  if (lead && rendezvous.topology().hosts() > 1) std::cerr << "verify: " << rendezvous.topology().describe() << "\n";
+  GroupCache group_cache(rendezvous, options);
   nlohmann::json described = nlohmann::json::array();
   for (size_t i = 0; i < cases.size(); ++i) {
     const CpCase& c = cases[i];

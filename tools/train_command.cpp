@@ -308,8 +308,6 @@ std::vector<train::StepRecord> read_reference_log(const std::string& path) {
 
 // `local_ranks`: the ranks this host runs (the launcher's --nproc, or LOCAL_WORLD_SIZE for a rank).
 train::PreparedTraining prepare_rank(const TrainArgs& args, int64_t world_size, int64_t local_ranks) {
-  MLACP_REQUIRE(!args.compare, kWhat, "--compare starts its own local launches and cannot run under torchrun",
-                {got("compare", true)}, "run mlacp train --compare without torchrun");
   check_device_args(args.device, local_ranks, kWhat);
   train::PreparedTraining prepared = train::prepare_training(build_config(args, world_size), world_size);
   if (!args.plot.empty()) require_gnuplot();
@@ -365,7 +363,8 @@ void set_rank_threads(const CommonArgs& common) {
 // One rank of a launch. Rank 0 writes --log and, when started by this command's own launcher,
 // the launcher's copy (--progress-log): then the launcher draws the progress bar and reports;
 // otherwise (torchrun) rank 0 does both itself.
-int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
+// `used`: where to put the configuration the run had (its Ulysses degree resolved on the hosts).
+int run_as_rank(const CommonArgs& common, const TrainArgs& args, train::TrainConfig* used = nullptr) {
   set_rank_threads(common);
   const WorldInfo world = world_from_env();
   train::PreparedTraining prepared = prepare_rank(args, world.size, local_world_size(world));
@@ -378,6 +377,7 @@ int run_as_rank(const CommonArgs& common, const TrainArgs& args) {
   if (parse_count(kWhat, "ulysses", args.ulysses) == 0)
     prepared.config.mesh.ulysses = host_local_ulysses(prepared.config.mesh, rendezvous.topology());
   const train::TrainConfig config = prepared.config;
+  if (used) *used = config;
   const bool lead = world.rank == 0;
   const bool own_report = args.progress_log.empty();
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
@@ -488,6 +488,66 @@ int run_launcher(const CommonArgs& common, const TrainArgs& args) {
 
 // ---- compare ---------------------------------------------------------------------------------
 
+// The single-process run of --compare under torchrun, in this process over a world of one.
+void train_alone(const TrainArgs& single, const std::string& log_path) {
+  train::PreparedTraining prepared = prepare_rank(single, 1, 1);
+  WorldInfo alone;
+  prepared.config.device = rank_device(single.device, alone);
+  const std::string store = owned_temp_path("train-alone") + "-store";
+  struct RemoveAtExit {
+    std::string path;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } remove_store{store};
+  const GroupOptions options = group_options_for(single.device, prepared.config.device, single.timeout_s);
+  ParallelGroups groups = create_parallel_groups_file(store, alone, prepared.config.mesh, options);
+  const train::TrainConfig config = prepared.config;
+  train::Trainer trainer(std::move(prepared), groups);
+  std::ofstream log = open_log(log_path, 0);
+  Progress progress(layout_label(config), config.steps);
+  while (!trainer.done()) {
+    const StepRecord r = trainer.step([&](const StepRecord& record) { log << record.to_json() << "\n" << std::flush; });
+    progress.update(r);
+  }
+  progress.finish();
+}
+
+// The two curves of --compare, side by side: the table, agreement within the dtype's tolerance,
+// the plot. Exit code: 0 when they agree.
+int compare_runs(const CommonArgs& common, const TrainArgs& args, const train::TrainConfig& parallel, int64_t ranks,
+                 const std::string& parallel_log, const std::string& single_log, const std::string& plot) {
+  const std::vector<StepRecord> a = train::read_step_log(parallel_log), b = train::read_step_log(single_log);
+  int64_t common_steps = 0;
+  const double diff = train::max_relative_loss_difference(a, b, &common_steps);
+  const double tolerance = train::loss_agreement_tolerance(parallel.dtype);
+  const bool agree = diff <= tolerance && common_steps == parallel.steps;
+  std::vector<Curve> curves{{layout_label(parallel) + " (" + std::to_string(ranks) + " ranks)", a},
+                            {"single process (1 rank)", b}};
+  if (!args.reference.empty()) curves.push_back({"reference", read_reference_log(args.reference)});
+  write_loss_plot(plot, "mlacp train --compare: " + parallel.model.describe(), curves);
+
+  Table table({"run", "ranks", "final loss", "tokens/s", "time s"});
+  const std::pair<std::pair<std::string, int64_t>, const std::vector<StepRecord>*> rows[] = {
+      {{layout_label(parallel), ranks}, &a}, {{"single process", 1}, &b}};
+  for (const auto& [run, records] : rows) {
+    table.add({run.first, std::to_string(run.second), fixed(records->back().loss, 6),
+               fixed(mean_tokens_per_second(*records), 0), fixed(records->back().elapsed_seconds, 1)});
+  }
+  table.print(std::cout);
+  std::cout << "loss curves: max relative difference " << sci(diff) << " over " << common_steps << " steps (tolerance "
+            << sci(tolerance) << " for " << dtype_name(parallel.dtype) << "): " << (agree ? "agree" : "DISAGREE")
+            << "\n"
+            << "tokens/s: parallel / single = " << fixed(mean_tokens_per_second(a) / mean_tokens_per_second(b), 2)
+            << " (" << (launched_as_rank() ? std::to_string(ranks) + " ranks under torchrun"
+                                           : std::to_string(ranks) + " ranks share this machine's " +
+                                                 std::to_string(std::thread::hardware_concurrency()) + " cores")
+            << "; " << (common.threads == 0 ? 1 : common.threads) << " intra-op thread(s) per rank in both runs)\n"
+            << "logs: " << parallel_log << " " << single_log << "\nplot: " << plot << "\n";
+  return agree ? 0 : 1;
+}
+
 // Both runs use the ranks' thread default (set_rank_threads: 1 per rank unless --threads).
 int run_compare(const CommonArgs& common, const TrainArgs& args) {
   MLACP_REQUIRE(args.checkpoint.empty() && !args.resume, kWhat, "--compare runs fresh trainings without checkpoints",
@@ -541,34 +601,50 @@ int run_compare(const CommonArgs& common, const TrainArgs& args) {
                                             run.config->steps);
     if (status != 0) return status;
   }
-  const std::vector<StepRecord> a = train::read_step_log(parallel_log), b = train::read_step_log(single_log);
-  int64_t common_steps = 0;
-  const double diff = train::max_relative_loss_difference(a, b, &common_steps);
-  const double tolerance = train::loss_agreement_tolerance(p.config.dtype);
-  const bool agree = diff <= tolerance && common_steps == p.config.steps;
-  std::vector<Curve> curves{{layout_label(p.config) + " (" + std::to_string(args.nproc) + " ranks)", a},
-                            {"single process (1 rank)", b}};
-  if (!args.reference.empty()) curves.push_back({"reference", read_reference_log(args.reference)});
-  write_loss_plot(plot, "mlacp train --compare: " + p.config.model.describe(), curves);
+  return compare_runs(common, args, p.config, args.nproc, parallel_log, single_log, plot);
+}
 
-  Table table({"run", "ranks", "final loss", "tokens/s", "time s"});
-  const std::pair<const Run*, const std::vector<StepRecord>*> rows[] = {{&runs[0], &a}, {&runs[1], &b}};
-  for (const auto& [run, records] : rows) {
-    table.add({layout_label(*run->config), std::to_string(run->nproc), fixed(records->back().loss, 6),
-               fixed(mean_tokens_per_second(*records), 0), fixed(records->back().elapsed_seconds, 1)});
+// --compare under torchrun (ranks on one host or several): the ranks train the layout, rank 0
+// writing its log; then rank 0 alone trains the same steps on one process without CP (here, over a
+// world of one) and compares the curves as the local --compare does. The other ranks are done
+// after the layout's run. Every rule of both runs is checked on every rank before the first
+// collective.
+int run_compare_as_rank(const CommonArgs& common, const TrainArgs& args) {
+  MLACP_REQUIRE(args.checkpoint.empty() && !args.resume, kWhat, "--compare runs fresh trainings without checkpoints",
+                {got("checkpoint", args.checkpoint), got("resume", args.resume)}, "drop --checkpoint/--resume");
+  const WorldInfo world = world_from_env();
+  const std::string parallel_log = (fs::path(args.out_dir) / "train-parallel.jsonl").string();
+  const std::string single_log = (fs::path(args.out_dir) / "train-single.jsonl").string();
+  const std::string plot = args.plot.empty() ? (fs::path(args.out_dir) / "loss.png").string() : args.plot;
+  TrainArgs parallel = args, single = args;
+  parallel.compare = single.compare = false;
+  parallel.plot.clear();
+  parallel.reference.clear();
+  parallel.log = parallel_log;
+  single = parallel;
+  single.dp = single.tp = 1;
+  single.cp = 1;
+  single.ulysses = "0";
+  single.log = single_log;
+  const train::PreparedTraining s = prepare_rank(single, 1, 1);  // its rules too, on every rank
+  if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(s.config), 0);
+  if (!args.reference.empty()) read_reference_log(args.reference);
+  if (world.rank == 0) {
+    require_gnuplot();
+    fs::create_directories(args.out_dir);
+    fs::remove(single_log);
   }
-  table.print(std::cout);
-  std::cout << "loss curves: max relative difference " << sci(diff) << " over " << common_steps << " steps (tolerance "
-            << sci(tolerance) << " for " << dtype_name(p.config.dtype) << "): " << (agree ? "agree" : "DISAGREE")
-            << "\n"
-            << "tokens/s: parallel / single = " << fixed(mean_tokens_per_second(a) / mean_tokens_per_second(b), 2)
-            << " (" << args.nproc << " ranks share this machine's " << std::thread::hardware_concurrency()
-            << " cores; " << (common.threads == 0 ? 1 : common.threads) << " intra-op thread(s) per rank in both runs)\n"
-            << "logs: " << parallel_log << " " << single_log << "\nplot: " << plot << "\n";
-  return agree ? 0 : 1;
+  train::TrainConfig layout;
+  const int status = run_as_rank(common, parallel, &layout);
+  if (status != 0 || world.rank != 0) return status;
+  std::cerr << "train --compare: the same steps on this rank alone, without CP\n";
+  train_alone(single, single_log);
+  return compare_runs(common, args, layout, world.size, parallel_log, single_log, plot);
 }
 
 }  // namespace
+
+// ---- command ---}  // namespace
 
 // ---- command ---------------------------------------------------------------------------------
 
@@ -684,7 +760,7 @@ int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
 
 int run_train(const CommonArgs& common, const TrainArgs& args) {
   if (args.strategy == "auto" || args.ulysses == "auto") return run_train_auto(common, args);
-  if (launched_as_rank()) return run_as_rank(common, args);
+  if (launched_as_rank()) return args.compare ? run_compare_as_rank(common, args) : run_as_rank(common, args);
   if (args.compare) return run_compare(common, args);
   return run_launcher(common, args);
 }
