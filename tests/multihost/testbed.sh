@@ -22,8 +22,7 @@ TB_IF_B="mx$(( $$ % 100000 ))b"
 TB_ADDR_A=10.233.0.1
 TB_ADDR_B=10.233.0.2
 TB_PORT=$(( 20000 + RANDOM % 20000 ))
-TB_WORLD=4        # 2 hosts x 2 ranks
-TB_LOCAL=2
+TB_LOCAL=${TB_LOCAL:-2}   # ranks a host (2 hosts)
 TB_PIDS=()
 TB_UP=0
 
@@ -84,31 +83,34 @@ testbed_ns() { [ "$1" = a ] && echo "$TB_NS_A" || echo "$TB_NS_B"; }
 testbed_node() { [ "$1" = a ] && echo 0 || echo 1; }
 
 # testbed_rank HOST RANK LOCAL_RANK -- CMD...: one rank in its own process group, in the
-# background, with torchrun's variables for a 2-node x 2-rank world; stdout+stderr to
-# $TB_LOG_DIR/rank<RANK>.log when TB_LOG_DIR is set. Sets TB_LAST_PID.
+# background, with torchrun's variables for a 2-node world of TB_LOCAL ranks a node (2 by
+# default); stdout+stderr to $TB_LOG_DIR/rank<RANK>.log when TB_LOG_DIR is set. Each host has a core
+# of its own where the machine has two (a: CPU 0, b: CPU 1; its ranks share it), as two machines
+# would not share their cores. Sets TB_LAST_PID.
 testbed_rank() {
   local host="$1" rank="$2" local_rank="$3"
   shift 4
-  local log=/dev/null
+  local log=/dev/null cores=()
   [ -n "${TB_LOG_DIR:-}" ] && log="$TB_LOG_DIR/rank$rank.log"
-  ip netns exec "$(testbed_ns "$host")" env RANK="$rank" WORLD_SIZE="$TB_WORLD" LOCAL_RANK="$local_rank" \
+  if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then cores=(taskset -c "$(testbed_node "$host")"); fi
+  ip netns exec "$(testbed_ns "$host")" env RANK="$rank" WORLD_SIZE="$((2 * TB_LOCAL))" LOCAL_RANK="$local_rank" \
     LOCAL_WORLD_SIZE="$TB_LOCAL" GROUP_RANK="$(testbed_node "$host")" MASTER_ADDR="$TB_ADDR_A" MASTER_PORT="$TB_PORT" \
-    setsid "$@" >"$log" 2>&1 &
+    setsid "${cores[@]}" "$@" >"$log" 2>&1 &
   TB_LAST_PID=$!
   TB_PIDS+=("$TB_LAST_PID")
 }
 
-# testbed_world CMD...: ranks 0, 1 on host a and 2, 3 on host b; waits for them; prints each
-# rank's exit code as "rank R: exit C" and returns the largest.
+# testbed_world CMD...: ranks 0..TB_LOCAL-1 on host a, the next TB_LOCAL on host b; waits for them;
+# prints each rank's exit code as "rank R: exit C" and returns the largest.
 testbed_world() {
-  local pids=() worst=0 r rc
-  for r in 0 1 2 3; do
+  local pids=() worst=0 r rc n=$((2 * TB_LOCAL))
+  for ((r = 0; r < n; ++r)); do
     local host=a
-    [ "$r" -ge 2 ] && host=b
-    testbed_rank "$host" "$r" $((r % 2)) -- "$@"
+    [ "$r" -ge "$TB_LOCAL" ] && host=b
+    testbed_rank "$host" "$r" $((r % TB_LOCAL)) -- "$@"
     pids+=("$TB_LAST_PID")
   done
-  for r in 0 1 2 3; do
+  for ((r = 0; r < n; ++r)); do
     wait "${pids[$r]}"; rc=$?
     echo "rank $r: exit $rc"
     [ "$rc" -gt "$worst" ] && worst=$rc
