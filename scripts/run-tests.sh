@@ -9,10 +9,13 @@
 #      and its bytes equal to its formula). The command-line fuzz and hostile-invocation tests
 #      (pure argument handling, the same code on either LibTorch) run on the Debian leg only;
 #   3. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch,
-#      build-asan/, -O1): every test but the S = 8192 kernel-memory test, the option fuzz and the
+#      build-asan/, -O1): every test but the S = 8192 kernel-memory test, the option fuzz, the
 #      exactness matrix's second pass through the varlen pieces (minutes each under the sanitizers;
 #      all run unsanitized in legs 1 and 2; the pieces code runs sanitized in kernels_pieces_test
-#      and the matrix's own pieces cases). Any report fails it.
+#      and the matrix's own pieces cases), and the multi-host bench and fault tests (timings and
+#      time bounds; the multi-host verify and train run sanitized). Any report fails it.
+# The multi-host tests (tests/multihost/) make network namespaces: they need root, which CI has;
+# elsewhere they are reported as skipped, with the reason.
 # MLACP_TEST_LEGS="debian wheel sanitize" (the default) selects legs. Extra arguments go to every CTest run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,7 +58,7 @@ for leg in $legs; do
       (cd "$root/build-asan" && \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
         ctest --output-on-failure -j "$jobs" --timeout 900 \
-          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|Pieces/CpMatrix\..*)$' "$@") ;;
+          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|Pieces/CpMatrix\..*|multihost_(bench|faults))$' "$@") ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
 done

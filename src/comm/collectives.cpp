@@ -109,11 +109,19 @@ void wait_or_fault(c10d::Work& work, const std::string& label, const CommGroup& 
                                    got("group_rank", std::to_string(g.rank) + " of " + std::to_string(g.size)),
                                    got("timeout_s", static_cast<double>(g.timeout.count()) / 1000.0)};
     if (g.topology && g.topology->hosts() > 1) {
-      const std::string named = host_named_in(*g.topology, e.what(), g.members);
+      int64_t host = -1;
+      const std::string named = host_named_in(*g.topology, e.what(), g.members, &host);
       const std::string others = other_hosts_of(*g.topology, g.world_rank, g.members);
-      if (!named.empty()) values.push_back(got("lost_host", named));
-      else if (!others.empty()) values.push_back(got("lost_contact_with", others));
-      else values.push_back(got("lost", "a rank of this host (every member of the group runs here)"));
+      if (!named.empty() && host != g.topology->host_of_rank.at(g.world_rank)) {
+        values.push_back(got("lost_host", named));
+      } else if (!named.empty()) {  // a rank of this host closed first: it lost the other host
+        values.push_back(got("closed_by", "a rank of this host, which ended first (its own error says why)"));
+        if (!others.empty()) values.push_back(got("members_on_other_hosts", others));
+      } else if (!others.empty()) {  // a timeout names nobody: a link that went down looks so
+        values.push_back(got("lost_contact_with", others));
+      } else {
+        values.push_back(got("lost", "a rank of this host (every member of the group runs here)"));
+      }
     }
     values.push_back(got("cause", cause));
     fail_fault("communication", "a collective failed: a peer rank exited or stalled longer than the timeout", values,

@@ -261,7 +261,9 @@ std::string other_hosts_of(const Topology& topology, int64_t world_rank, const s
   return out;
 }
 
-std::string host_named_in(const Topology& topology, const std::string& text, const std::vector<int64_t>& world_ranks) {
+std::string host_named_in(const Topology& topology, const std::string& text, const std::vector<int64_t>& world_ranks,
+                          int64_t* host) {
+  if (host) *host = -1;
   static const std::regex bracketed(R"(\[([0-9A-Fa-f:.]+)\])");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), bracketed); it != std::sregex_iterator(); ++it) {
     std::string address = (*it)[1];
@@ -271,6 +273,7 @@ std::string host_named_in(const Topology& topology, const std::string& text, con
       std::vector<int64_t> ranks;
       for (int64_t r : world_ranks)
         if (topology.host_of_rank.at(r) == h) ranks.push_back(r);
+      if (host) *host = h;
       return topology.host_names[h] + " world ranks " + got("", ranks).value;
     }
   }

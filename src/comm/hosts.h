@@ -39,8 +39,10 @@ Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoin
 // The hosts of `world_ranks` other than this rank's, for fault messages:
 // "10.0.0.2 (node 1): world ranks 2, 3".
 std::string other_hosts_of(const Topology& topology, int64_t world_rank, const std::vector<int64_t>& world_ranks);
-// The host whose address appears in a backend's error text ("[10.0.0.2]:4711"), if any.
-std::string host_named_in(const Topology& topology, const std::string& text, const std::vector<int64_t>& world_ranks);
+// The host whose address appears in a backend's error text ("[10.0.0.2]:4711"), if any, and the
+// group members on it: "10.0.0.2 (node 1) world ranks [2, 3]"; its index in `host` (-1: none).
+std::string host_named_in(const Topology& topology, const std::string& text, const std::vector<int64_t>& world_ranks,
+                          int64_t* host = nullptr);
 
 // Calls `expired` from its own thread if it is still alive `limit` after construction (a blocked
 // c10d connect cannot be interrupted: the tool's callback prints the fault and ends the process).
