@@ -139,7 +139,7 @@ void barrier(const CommGroup& group);
 
 // --- groups ---------------------------------------------------------------------------------
 // torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
-// rank), MASTER_ADDR, MASTER_PORT; c10d's GLOO_SOCKET_IFNAME; and MLACP_RENDEZVOUS_FILE, set by
+// rank), MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE; c10d's GLOO_SOCKET_IFNAME; and MLACP_RENDEZVOUS_FILE, set by
 // mlacp's local launcher (--nproc): the ranks then meet over a FileStore in the launcher's private
 // folder, and nothing listens on a network port.
 struct WorldInfo {
@@ -151,6 +151,9 @@ struct WorldInfo {
   std::string master_addr = "127.0.0.1";
   int port = 29500;
   std::string store_file;  // non-empty: rendezvous over this FileStore instead of TCP
+  // torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  // every rank connects to it as a client; otherwise rank 0 serves it.
+  bool agent_store = false;
   // The interfaces Gloo binds (GLOO_SOCKET_IFNAME, comma-separated); empty: the one on the route to
   // MASTER_ADDR (docs/DESIGN.md §2 "Several hosts").
   std::string interfaces;

@@ -257,6 +257,7 @@ WorldInfo world_from_env() {
   w.local_world_size = env_int("LOCAL_WORLD_SIZE", false, 0);
   w.node_rank = std::getenv("GROUP_RANK") ? env_int("GROUP_RANK", true, 0) : -1;
   if (const char* names = std::getenv("GLOO_SOCKET_IFNAME")) w.interfaces = names;
+  if (const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE")) w.agent_store = std::string(agent) == "True";
   const char* addr = std::getenv("MASTER_ADDR");
   w.master_addr = addr ? addr : "127.0.0.1";
   if (const char* file = std::getenv("MLACP_RENDEZVOUS_FILE")) w.store_file = file;
@@ -369,7 +370,7 @@ void meet(Rendezvous::Impl& impl, std::chrono::milliseconds timeout, std::chrono
 Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(world.port);
-  store_options.isServer = world.rank == 0;
+  store_options.isServer = world.rank == 0 && !world.agent_store;  // under torchrun its agent serves it
   store_options.numWorkers = static_cast<size_t>(world.size);
   store_options.timeout = timeout;
   // Rank 0 does not wait here for the others to connect: the groups' own rendezvous waits for
@@ -381,7 +382,7 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
   r.impl_ = std::make_shared<Impl>();
   r.impl_->endpoint = gloo_endpoint(world);
 #if TORCH_VERSION_MAJOR >= 2
-  if (world.rank == 0) {
+  if (store_options.isServer) {
     const int fd = listen_on_master_addr(world);
     if (fd < 0 && errno == EADDRNOTAVAIL)
       fail(kWhat, "rank 0 serves the rendezvous store on MASTER_ADDR, so it must run on that host",
@@ -402,7 +403,7 @@ Rendezvous Rendezvous::tcp(const WorldInfo& world, std::chrono::milliseconds tim
     const std::string cause = first_line(e.what());
     const std::vector<ErrorValue> values{got("MASTER_ADDR", world.master_addr), got("MASTER_PORT", world.port),
                                          got("rank", world.rank), got("cause", cause)};
-    if (world.rank == 0 && (contains_nocase(e.what(), "address already in use") ||
+    if (store_options.isServer && (contains_nocase(e.what(), "address already in use") ||
                             contains_nocase(e.what(), "failed to listen") || contains_nocase(e.what(), "eaddrinuse")))
       fail(kWhat, "rank 0 cannot serve the rendezvous store: MASTER_PORT is taken on this host", values,
            "pick a free MASTER_PORT (mlacp's own --nproc launcher needs none)");
