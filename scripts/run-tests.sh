@@ -12,8 +12,11 @@
 #      build-asan/, -O1): every test but the S = 8192 kernel-memory test, the option fuzz, the
 #      exactness matrix's second pass through the varlen pieces (minutes each under the sanitizers;
 #      all run unsanitized in legs 1 and 2; the pieces code runs sanitized in kernels_pieces_test
-#      and the matrix's own pieces cases), and the multi-host bench and fault tests (timings and
-#      time bounds; the multi-host verify and train run sanitized). Any report fails it.
+#      and the matrix's own pieces cases), and the multi-host bench, fault, plan and train tests
+#      (timings and time bounds; the multi-host verify runs sanitized). Any report fails it.
+# The multi-host bench, fault and plan tests (timings, the same code on either LibTorch) run on the
+# Debian leg only; the wheel leg runs multi-host verify and train (LibTorch 2.x's store) and, in
+# pytest, torchrun --nnodes 2.
 # The multi-host tests (tests/multihost/) make network namespaces: they need root, which CI has;
 # elsewhere they are reported as skipped, with the reason.
 # MLACP_TEST_LEGS="debian wheel sanitize" (the default) selects legs. Extra arguments go to every CTest run.
@@ -44,7 +47,7 @@ for leg in $legs; do
       nm -C "$root/build-torch2/mlacp_gpu_check" | grep -c "_efficient_attention_forward" >/dev/null \
         || { echo "run-tests: mlacp_gpu_check is missing or lacks the CUDA attention calls" >&2; exit 1; }
       (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" \
-          -E '^(cli_fuzz_invalid_options|cli_invalid_invocations_are_clear_errors|cli_plan_grid_small)$' "$@")
+          -E '^(cli_fuzz_invalid_options|cli_invalid_invocations_are_clear_errors|cli_plan_grid_small|multihost_(bench|faults|plan))$' "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
           --disable-pip-version-check --no-build-isolation --no-deps .)
       (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .)
@@ -58,7 +61,7 @@ for leg in $legs; do
       (cd "$root/build-asan" && \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
         ctest --output-on-failure -j "$jobs" --timeout 900 \
-          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|Pieces/CpMatrix\..*|multihost_(bench|faults))$' "$@") ;;
+          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|Pieces/CpMatrix\..*|multihost_(bench|faults|plan|train))$' "$@") ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
 done

@@ -1,9 +1,11 @@
 // `mlacp plan`: ranks every strategy x Ulysses degree x partition x overlap (x TP split) for a
 // model, a sequence and a cluster, from a hardware profile, a hardware file or a calibration of
 // this machine, and says why it chose what it chose (include/mlacp/planner.h, docs/DESIGN.md §15).
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
+#include "device_options.h"
 #include "core/threads.h"
 #include "mlacp/errors.h"
 #include "mlacp/planner.h"
@@ -37,6 +39,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
                 "measure this machine instead (GEMM, attention kernel; the Gloo link and real CP steps on two local ranks)");
   cmd->add_option("--calibrate-seq", a.calibrate_seq, "sequence length of the calibration runs")
       ->check(int_range(64, 65536));
+  cmd->add_flag("--calibrate-link", a.calibrate_link,
+                "run by every rank of a world on several hosts (torchrun --nnodes N): --hardware's figures with the "
+                "links inside a host and across hosts measured on the real network; rank 0 writes --save-hardware");
+  cmd->add_option("--timeout", a.timeout_s, "--calibrate-link: seconds a rank waits for its peers")->check(int_range(1, 3600));
   cmd->add_option("--save-hardware", a.save_hardware, "write the hardware (calibrated or loaded) to this JSON file")
       ->check(output_file());
   cmd->add_flag("--show-hardware", a.show_hardware, "print the hardware's figures as JSON");
@@ -87,7 +93,19 @@ PlanRequest plan_request(const PlanArgs& a, const Hardware& hardware) {
 
 Hardware plan_hardware(const PlanArgs& a) {
   Hardware hw;
-  if (a.calibrate) {
+  if (a.calibrate_link) {
+    MLACP_REQUIRE(launched_as_rank() && !a.calibrate, "plan",
+                  "--calibrate-link runs on every rank of a world on several hosts, started by torchrun, from a "
+                  "hardware file (not with --calibrate)",
+                  {got("RANK", std::getenv("RANK") ? std::getenv("RANK") : "unset"), got("calibrate", a.calibrate)},
+                  "calibrate one host first (mlacp plan --calibrate --save-hardware host.json), then on every host: "
+                  "torchrun --nnodes N ... --no-python mlacp plan --calibrate-link --hardware host.json --save-hardware "
+                  "hosts.json --seq S");
+    const Hardware base = hardware_named(a.hardware);
+    const GroupOptions options = group_options_for(DeviceArgs{}, c10::Device(c10::DeviceType::CPU), a.timeout_s);
+    Rendezvous rendezvous = Rendezvous::of(world_from_env(), options.timeout);
+    hw = calibrate_hosts(rendezvous, base, options, 5, true);
+  } else if (a.calibrate) {
     CalibrationOptions options;
     options.dtypes = {a.dtype};
     options.seq_len = a.calibrate_seq;
@@ -106,6 +124,7 @@ int run_plan(const CommonArgs& common, const PlanArgs& a) {
   MLACP_REQUIRE(a.seq > 0, "plan", "the sequence length is required", {}, "pass --seq S");
   model_config(a.model);  // the model's rules before any calibration run
   const Hardware hw = plan_hardware(a);
+  if (a.calibrate_link && world_from_env().rank != 0) return 0;  // rank 0 reports and writes
   if (!a.save_hardware.empty()) write_output_file("--save-hardware", a.save_hardware, hw.to_json() + "\n");
   if (a.show_hardware) std::cout << hw.to_json() << "\n";
   const PlanReport report = plan_context_parallel(plan_request(a, hw));

@@ -34,7 +34,9 @@ struct PlanArgs {
   bool causal = true;
   std::string hardware = "h200-nvlink-ib";
   bool calibrate = false;
+  bool calibrate_link = false;  // under torchrun on several hosts: the links between them
   int64_t calibrate_seq = 1024;
+  int timeout_s = 120;
   std::string save_hardware;
   bool show_hardware = false;
   std::optional<double> bandwidth_gbps, latency_us, inter_bandwidth_gbps;

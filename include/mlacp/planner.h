@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "mlacp/comm.h"
 #include "mlacp/config.h"
 #include "mlacp/memory.h"
 #include "mlacp/plan.h"
@@ -52,7 +53,12 @@ struct Hardware {
   int64_t cores_per_node = 0;  // CPU hosts: the ranks of a node share these cores and the rates
                                // are per core; 0: each rank has its own device
   double memory_bytes = 0;     // per device (CPU hosts: per node, shared by its ranks)
-  LinkLevel intra_node, inter_node;
+  LinkLevel intra_node, inter_node;  // inter_node: a rank's share when every rank of its node crosses at once
+  // How the node's network is shared: 0, each device has its own (a GPU's rail: a flow across
+  // nodes gets inter_node whatever the others do); 1, the node's ranks share one link (CPU hosts,
+  // --calibrate-link): a ring with m members on a node crosses it with node/m flows at once, each
+  // getting m x inter_node (docs/DESIGN.md §15).
+  int64_t shared_node_link = 0;
 
   std::string to_json() const;
   static Hardware from_json(const std::string& text);  // throws mlacp::Error naming the bad field
@@ -162,5 +168,18 @@ struct CalibrationOptions {
 // The GEMM rate of `rates` for a GEMM of `tokens` rows.
 double gemm_rate_at(const ComputeRates& rates, double tokens);
 Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& options);
+
+// The link of `group`, a group of the set `g`: all-gathers and all-to-alls of 64 KiB-4 MiB a rank,
+// every group of its kind at once (as a step's transfers run); latency and bandwidth a rank by
+// least squares. Every rank of g.world calls it (a rank outside `group` keeps the barriers).
+LinkLevel measure_link(const ParallelGroups& g, const CommGroup& group, int repeats,
+                       const std::string& verbose_label = "");
+// The links of a world on several hosts (every rank calls it, e.g. under torchrun): `base`'s
+// compute figures (a host's calibration) with the link inside a host (the Ulysses groups of the
+// hosts' ranks) and across hosts (one rank a host) measured on the real network, devices_per_node
+// = the ranks a host, and cores_per_node no more than the cores a rank may run on. The hosts must
+// hold the same number of consecutive ranks (as torchrun assigns them). docs/DESIGN.md §15.
+Hardware calibrate_hosts(Rendezvous& rendezvous, const Hardware& base, const GroupOptions& options, int repeats,
+                         bool verbose);
 
 }  // namespace mlacp

@@ -242,6 +242,65 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+}  // namespace
+
+LinkLevel measure_link(const ParallelGroups& g, const CommGroup& group, int repeats, const std::string& verbose_label) {
+  // All-gathers and all-to-alls of 64 KiB, 512 KiB and 4 MiB per rank (the sizes of a layer's
+  // transfers) over `group`; latency and seconds per byte fitted by least squares over each kind,
+  // then averaged over the two kinds (the step model has one figure per link level). A rank that
+  // is not in the group times nothing but keeps the world's barriers.
+  const int64_t rows[] = {64, 512, 4096};  // x 256 float32 per token
+  double latency = 0, per_byte = 0;
+  const bool member = group.defined() && group.size() > 1;
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<double> t, b;
+    for (int64_t n : rows) {
+      at::Tensor x = at::zeros({1, n, 2, 128}, at::kFloat);
+      g.instruments.counters->reset();
+      std::vector<double> times;
+      for (int r = 0; r < repeats + 3; ++r) {
+        barrier(g.world);
+        const double start = now_s();
+        if (member) {
+          if (kind == 0)
+            launch_all_gather_seq(group, x, "calibration").wait();
+          else
+            launch_seq_to_head(group, x, "calibration").wait();
+        }
+        const double slower = all_reduce_max(g.world, {member ? now_s() - start : 0.0})[0];
+        if (r > 1) times.push_back(slower);  // two warm-ups
+      }
+      // Bytes one member sends (the same on every member; a world-wide max reaches the others)
+      double sent = 0;
+      if (member) {
+        const CommTotals total = g.instruments.counters->by_label().at("calibration");
+        sent = static_cast<double>(total.bytes) / static_cast<double>(total.calls);
+      }
+      b.push_back(all_reduce_max(g.world, {sent})[0]);
+      t.push_back(median_of(times));
+    }
+    const double mb = (b[0] + b[1] + b[2]) / 3, mt = (t[0] + t[1] + t[2]) / 3;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+      num += (b[i] - mb) * (t[i] - mt);
+      den += (b[i] - mb) * (b[i] - mb);
+    }
+    const double slope = num > 0 ? num / den : t.back() / b.back();
+    per_byte += slope / 2;
+    latency += std::max(0.0, mt - slope * mb) / 2;
+    if (!verbose_label.empty())
+      std::cerr << "calibrate: " << verbose_label << " " << (kind == 0 ? "all-gather" : "all-to-all") << ": "
+                << t[0] * 1e3 << " / " << t[1] * 1e3 << " / " << t[2] * 1e3 << " ms for " << b[0] / 1024 << " / "
+                << b[1] / 1024 << " / " << b[2] / 1024 << " KiB per rank\n";
+  }
+  LinkLevel link;
+  link.latency_s = latency;
+  link.bandwidth_bytes_per_s = 1.0 / per_byte;
+  return link;
+}
+
+namespace {
+
 // One of the two ranks. Returns [link latency s, link bandwidth B/s, then per dtype and CP case
 // the step's seconds (the slower rank's, median)].
 std::vector<double> two_rank_figures(long rank, const std::string& store, const MlaConfig& config,
@@ -263,48 +322,10 @@ std::vector<double> two_rank_figures(long rank, const std::string& store, const 
   Rendezvous rendezvous = Rendezvous::file(store, world, group_options.timeout);
   std::vector<double> out;
   {
-    // The link: all-gathers and all-to-alls of 64 KiB, 512 KiB and 4 MiB per rank (the sizes of a
-    // layer's transfers); latency and seconds per byte fitted by least squares over each kind,
-    // then averaged over the two kinds (the step model has one figure per link level).
     ParallelGroups g = rendezvous.groups(MeshShape{1, 2, 1, 2}, group_options);
-    const int64_t rows[] = {64, 512, 4096};  // x 256 float32 per token
-    double latency = 0, per_byte = 0;
-    for (int kind = 0; kind < 2; ++kind) {
-      std::vector<double> t, b;
-      for (int64_t n : rows) {
-        at::Tensor x = at::zeros({1, n, 2, 128}, at::kFloat);
-        g.instruments.counters->reset();
-        std::vector<double> times;
-        for (int r = 0; r < options.repeats + 3; ++r) {
-          barrier(g.world);
-          const double start = now_s();
-          if (kind == 0)
-            launch_all_gather_seq(g.cp, x, "calibration").wait();
-          else
-            launch_seq_to_head(g.ulysses, x, "calibration").wait();
-          const double slower = all_reduce_max(g.world, {now_s() - start})[0];
-          if (r > 1) times.push_back(slower);  // two warm-ups
-        }
-        const CommTotals total = g.instruments.counters->by_label().at("calibration");
-        b.push_back(static_cast<double>(total.bytes) / static_cast<double>(total.calls));
-        t.push_back(median_of(times));
-      }
-      const double mb = (b[0] + b[1] + b[2]) / 3, mt = (t[0] + t[1] + t[2]) / 3;
-      double num = 0, den = 0;
-      for (size_t i = 0; i < b.size(); ++i) {
-        num += (b[i] - mb) * (t[i] - mt);
-        den += (b[i] - mb) * (b[i] - mb);
-      }
-      const double slope = num > 0 ? num / den : t.back() / b.back();
-      per_byte += slope / 2;
-      latency += std::max(0.0, mt - slope * mb) / 2;
-      if (options.verbose && rank == 0)
-        std::cerr << "calibrate: link " << (kind == 0 ? "all-gather" : "all-to-all") << ": " << t[0] * 1e3 << " / "
-                  << t[1] * 1e3 << " / " << t[2] * 1e3 << " ms for " << b[0] / 1024 << " / " << b[1] / 1024 << " / "
-                  << b[2] / 1024 << " KiB per rank\n";
-    }
-    out.push_back(latency);
-    out.push_back(1.0 / per_byte);
+    const LinkLevel link = measure_link(g, g.cp, options.repeats, options.verbose && rank == 0 ? "link" : "");
+    out.push_back(link.latency_s);
+    out.push_back(link.bandwidth_bytes_per_s);
   }
   const int64_t S = options.seq_len;
   for (const std::string& dtype_name : options.dtypes) {
@@ -341,6 +362,35 @@ std::vector<double> two_rank_figures(long rank, const std::string& store, const 
 }
 
 }  // namespace
+
+Hardware calibrate_hosts(Rendezvous& rendezvous, const Hardware& base, const GroupOptions& options, int repeats,
+                         bool verbose) {
+  const Topology& t = rendezvous.topology();
+  const int64_t world = rendezvous.world().size, hosts = t.hosts();
+  const int64_t per_host = hosts > 0 ? world / hosts : world;
+  MLACP_REQUIRE(hosts >= 2, "plan", "--calibrate-link measures the links between hosts: the world must span two or more",
+                {got("hosts", hosts), got("world_size", world)},
+                "start the ranks on every host (torchrun --nnodes N); one host's link is --calibrate's");
+  MeshShape grid{1, world, 1, per_host};
+  MLACP_REQUIRE(world % hosts == 0 && host_local_ulysses(MeshShape{1, world, 1, 0}, t) == per_host, "plan",
+                "--calibrate-link needs every host to hold the same number of consecutive ranks",
+                {got("hosts", t.describe())}, "start the same --nproc_per_node on every host, as torchrun assigns them");
+  ParallelGroups g = rendezvous.groups(grid, options);
+  const bool lead = rendezvous.world().rank == 0;
+  Hardware hw = base;
+  if (per_host >= 2) hw.intra_node = measure_link(g, g.ulysses, repeats, verbose && lead ? "inside a host" : "");
+  hw.inter_node = measure_link(g, g.all_gather, repeats, verbose && lead ? "across hosts" : "");
+  hw.devices_per_node = per_host;
+  hw.shared_node_link = 1;  // the host's ranks share its network interface (Gloo over TCP)
+  cpu_set_t set;
+  if (hw.cores_per_node > 0 && sched_getaffinity(0, sizeof set, &set) == 0)  // the cores a host's ranks share
+    hw.cores_per_node = std::min<int64_t>(hw.cores_per_node, CPU_COUNT(&set));
+  hw.name = base.name + ", links of " + std::to_string(hosts) + " hosts x " + std::to_string(per_host) + " ranks";
+  hw.source = base.source + "; mlacp plan --calibrate-link on " + t.describe() +
+              ": all-gathers and all-to-alls of 64 KiB to 4 MiB inside a host (intra_node) and across hosts "
+              "(inter_node), every group of a kind at once";
+  return hw;
+}
 
 Hardware calibrate_host(const MlaConfig& config, const CalibrationOptions& options) {
   config.validate();

@@ -73,6 +73,7 @@ std::string Hardware::to_json() const {
   j["source"] = source;
   j["devices_per_node"] = devices_per_node;
   j["cores_per_node"] = cores_per_node;
+  j["shared_node_link"] = shared_node_link;
   j["memory_bytes"] = memory_bytes;
   j["intra_node"] = {{"bandwidth_bytes_per_s", intra_node.bandwidth_bytes_per_s}, {"latency_s", intra_node.latency_s}};
   j["inter_node"] = {{"bandwidth_bytes_per_s", inter_node.bandwidth_bytes_per_s}, {"latency_s", inter_node.latency_s}};
@@ -100,6 +101,9 @@ Hardware Hardware::from_json(const std::string& text) {
   hw.source = j.value("source", std::string(""));
   hw.devices_per_node = static_cast<int64_t>(number(j, "devices_per_node", 8, false));
   hw.cores_per_node = static_cast<int64_t>(number(j, "cores_per_node", 0, false));
+  hw.shared_node_link = static_cast<int64_t>(number(j, "shared_node_link", 0, false));
+  MLACP_REQUIRE(hw.shared_node_link == 0 || hw.shared_node_link == 1, kWhat, "shared_node_link must be 0 or 1",
+                {got("shared_node_link", hw.shared_node_link)}, "fix the hardware file");
   hw.memory_bytes = number(j, "memory_bytes", 0, true);
   MLACP_REQUIRE(hw.devices_per_node >= 1, kWhat, "devices_per_node must be >= 1", {got("devices_per_node", hw.devices_per_node)},
                 "fix the hardware file");

@@ -52,8 +52,14 @@ double collective_seconds(const Hardware& hw, Kind kind, double bytes, int64_t s
   // The group spans nodes. A ring (all-gather, reduce-scatter, all-reduce) passes every byte over
   // a node-crossing hop; an all-to-all sends the share bound for other nodes over the network.
   const double latency = hw.inter_node.latency_s;
-  if (kind != Kind::all_to_all) return latency + over(hw.inter_node, bytes);
   const int64_t members_per_node = std::max<int64_t>(1, per_node / stride);
+  if (kind != Kind::all_to_all) {
+    // A shared node link: the rings of this kind cross it per_node / m at once (m = this ring's
+    // members on a node), so each has m ranks' share of it.
+    LinkLevel ring = hw.inter_node;
+    if (hw.shared_node_link) ring.bandwidth_bytes_per_s *= static_cast<double>(std::min(size, members_per_node));
+    return latency + over(ring, bytes);
+  }
   const double off_node = static_cast<double>(size - std::min(size, members_per_node)) / static_cast<double>(size - 1);
   return latency + std::max(over(hw.inter_node, bytes * off_node), over(hw.intra_node, bytes * (1.0 - off_node)));
 }

@@ -123,6 +123,68 @@ TEST(GroupDevice, BackendRulesFireBeforeAnyRendezvous) {
   ::unlink(path.c_str());
 }
 
+// Hosts of consecutive ranks, as torchrun assigns them.
+Topology hosts_of(int64_t hosts, int64_t per_host) {
+  Topology t;
+  for (int64_t h = 0; h < hosts; ++h) {
+    t.host_names.push_back("10.0.0." + std::to_string(h + 1) + " (node " + std::to_string(h) + ")");
+    t.host_addresses.push_back("10.0.0." + std::to_string(h + 1));
+    for (int64_t r = 0; r < per_host; ++r) t.host_of_rank.push_back(h);
+  }
+  return t;
+}
+
+TEST(Topology, TheDefaultUlyssesDegreeKeepsTheAllToAllsInsideHosts) {
+  EXPECT_EQ(host_local_ulysses(mesh(1, 4, 1), hosts_of(1, 4)), 4);  // one host: U = P
+  EXPECT_EQ(host_local_ulysses(mesh(1, 4, 1), hosts_of(2, 2)), 2);
+  EXPECT_EQ(host_local_ulysses(mesh(1, 4, 1), hosts_of(4, 1)), 1);
+  EXPECT_EQ(host_local_ulysses(mesh(1, 8, 1), hosts_of(2, 4)), 4);
+  EXPECT_EQ(host_local_ulysses(mesh(1, 8, 1), hosts_of(4, 2)), 2);
+  EXPECT_EQ(host_local_ulysses(mesh(1, 4, 2), hosts_of(2, 4)), 2);  // TP innermost: 2 CP ranks a host
+  EXPECT_EQ(host_local_ulysses(mesh(2, 2, 1), hosts_of(2, 2)), 2);  // a DP replica a host
+  EXPECT_EQ(host_local_ulysses(mesh(2, 2, 1), hosts_of(4, 1)), 1);
+  // Every Ulysses group of U = 2 on one host, its all-gather groups across
+  const Topology t = hosts_of(2, 2);
+  MeshShape s = mesh(1, 4, 1);
+  s.ulysses = 2;
+  for (const auto& g : ulysses_groups(s)) EXPECT_TRUE(t.one_host(g));
+  for (const auto& g : all_gather_groups(s)) EXPECT_FALSE(t.one_host(g));
+  EXPECT_EQ(ulysses_groups(s), (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(all_gather_groups(s), (std::vector<std::vector<int64_t>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(t.ranks_on(1), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t.describe(), "2 hosts: 10.0.0.1 (node 0) ranks [0, 1] | 10.0.0.2 (node 1) ranks [2, 3]");
+}
+
+TEST(Topology, GroupsSayWhichOfThemCrossHosts) {
+  ParallelGroups g;
+  g.world_info.size = 4;
+  g.shape = mesh(1, 4, 1);
+  g.topology = hosts_of(2, 2);
+  g.shape.ulysses = 4;
+  EXPECT_TRUE(contains(g.describe(), "the Ulysses all-to-alls CROSS hosts")) << g.describe();
+  g.shape.ulysses = 2;
+  EXPECT_TRUE(contains(g.describe(), "the Ulysses all-to-alls stay inside hosts, the all-gathers cross hosts"))
+      << g.describe();
+  g.topology = hosts_of(1, 4);
+  EXPECT_FALSE(contains(g.describe(), "hosts")) << g.describe();
+}
+
+TEST(Topology, ALocalRendezvousIsOneHost) {
+  EXPECT_TRUE(run_ranks(2, [](int rank, int world, const std::string& store) {
+    WorldInfo w;
+    w.rank = rank;
+    w.size = world;
+    Rendezvous r = Rendezvous::file(store, w, std::chrono::seconds(30));
+    const Topology& t = r.topology();
+    EXPECT_EQ(t.hosts(), 1);
+    EXPECT_EQ(t.host_of_rank, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(t.host_addresses.at(0), "127.0.0.1");
+    ParallelGroups g = r.groups(MeshShape{1, 2, 1, 0}, GroupOptions{});
+    EXPECT_EQ(g.shape.ulysses, 2);  // one host: U = P
+    barrier(g.world);
+  }));
+}
+
 TEST(GroupDevice, BackendNamesParseAndUnknownOnesAreNamed) {
   EXPECT_EQ(parse_comm_backend("auto"), CommBackend::automatic);
   EXPECT_EQ(parse_comm_backend("gloo"), CommBackend::gloo);
@@ -151,7 +213,9 @@ TEST(GroupDevice, CpuGroupsAreGlooOnTheCpuAndControlValuesCrossThere) {
 // Sets/unsets torchrun's variables for one test and restores them afterwards.
 class EnvVars : public ::testing::Test {
  protected:
-  const std::vector<std::string> names{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  const std::vector<std::string> names{"RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",  "MASTER_ADDR", "MASTER_PORT",        "GLOO_SOCKET_IFNAME",
+                                       "TORCHELASTIC_USE_AGENT_STORE"};
   void SetUp() override {
     for (const auto& n : names) {
       const char* v = std::getenv(n.c_str());
@@ -181,6 +245,21 @@ TEST_F(EnvVars, ReadsAllVariables) {
   EXPECT_EQ(w.local_rank, 1);
   EXPECT_EQ(w.master_addr, "10.1.2.3");
   EXPECT_EQ(w.port, 1234);
+}
+
+TEST_F(EnvVars, ReadsTorchrunsNodeVariables) {
+  set({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+       {"MASTER_PORT", "1234"}, {"GLOO_SOCKET_IFNAME", "eth1,eth2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  const WorldInfo w = world_from_env();
+  EXPECT_EQ(w.local_world_size, 2);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.interfaces, "eth1,eth2");
+  EXPECT_TRUE(w.agent_store);
+  set({{"LOCAL_RANK", "2"}});  // not below LOCAL_WORLD_SIZE
+  const std::string m = error_of([] { world_from_env(); });
+  EXPECT_TRUE(contains(m, "LOCAL_RANK must be below LOCAL_WORLD_SIZE") && contains(m, "LOCAL_RANK=2")) << m;
+  set({{"LOCAL_RANK", "1"}, {"GROUP_RANK", "x"}});
+  EXPECT_TRUE(contains(error_of([] { world_from_env(); }), "variable=GROUP_RANK"));
 }
 
 TEST_F(EnvVars, OptionalVariablesHaveDefaults) {

@@ -138,6 +138,37 @@ TEST(Planner, ASlowLinkChoosesTheFewestBytes) {
   EXPECT_EQ(report.choice().spec.ulysses, 1);  // the latent gather alone: no Q/O exchange
 }
 
+// Across nodes that share one link (CPU hosts, --calibrate-link): a ring with m members on a node
+// crosses it alongside node/m others, so it gets m ranks' share; an all-to-all is as before.
+TEST(Planner, ASharedNodeLinkGivesARingItsMembersShare) {
+  const MlaConfig c = test_config(false);
+  PlanRequest r = request_for(c, 4096, 4);
+  r.hardware.devices_per_node = 2;
+  r.hardware.cores_per_node = 0;
+  r.hardware.intra_node = {1e9, 1e-5};
+  r.hardware.inter_node = {1e8, 1e-4};
+  MeshShape shape;
+  shape.cp = 4;
+  shape.ulysses = 1;  // one all-gather ring over the 4 ranks: 2 members a node
+  const CpPlan plan(plan_spec_for(c, shape, CpStrategy::latent_kv_head, CpPartition::head_tail, false));
+  const CandidatePrediction own = predict_step(plan, r);
+  PlanRequest shared = r;
+  shared.hardware.shared_node_link = 1;
+  const CandidatePrediction on_shared = predict_step(plan, shared);
+  ASSERT_FALSE(own.transfers.empty());
+  for (size_t i = 0; i < own.transfers.size(); ++i) {
+    const TransferPrediction& t = own.transfers[i];
+    EXPECT_DOUBLE_EQ(t.seconds, 1e-4 + t.bytes / 1e8) << t.name;
+    EXPECT_DOUBLE_EQ(on_shared.transfers[i].seconds, 1e-4 + t.bytes / 2e8) << t.name;
+  }
+  shape.ulysses = 4;  // all-to-alls over both nodes: unchanged
+  const CpPlan a2a(plan_spec_for(c, shape, CpStrategy::latent_kv_head, CpPartition::head_tail, false));
+  const CandidatePrediction a = predict_step(a2a, r), b = predict_step(a2a, shared);
+  for (size_t i = 0; i < a.transfers.size(); ++i)
+    if (a.transfers[i].name == "q") EXPECT_DOUBLE_EQ(a.transfers[i].seconds, b.transfers[i].seconds);
+  EXPECT_NE(Hardware::from_json(shared.hardware.to_json()).shared_node_link, 0);
+}
+
 // bench's emulated link: every transfer takes the longer of it and the hardware's link.
 TEST(Planner, AnEmulatedLinkIsAFloorOnEveryTransfer) {
   const MlaConfig c = test_config(false);
