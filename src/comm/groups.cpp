@@ -266,8 +266,8 @@ WorldInfo world_from_env() {
                 {got("MASTER_PORT", w.port)}, "pick a free port, e.g. 29500");
   MLACP_REQUIRE(w.size >= 1 && w.rank < w.size, kWhat, "RANK must be below WORLD_SIZE",
                 {got("RANK", w.rank), got("WORLD_SIZE", w.size)}, "fix the launcher's environment");
-  MLACP_REQUIRE(w.local_world_size == 0 || (w.local_world_size >= 1 && w.local_world_size <= w.size &&
-                                            w.local_rank < w.local_world_size),
+  MLACP_REQUIRE(!std::getenv("LOCAL_WORLD_SIZE") || (w.local_world_size >= 1 && w.local_world_size <= w.size &&
+                                                     w.local_rank < w.local_world_size),
                 kWhat, "LOCAL_RANK must be below LOCAL_WORLD_SIZE, and LOCAL_WORLD_SIZE at most WORLD_SIZE",
                 {got("LOCAL_RANK", w.local_rank), got("LOCAL_WORLD_SIZE", w.local_world_size), got("WORLD_SIZE", w.size)},
                 "fix the launcher's environment (torchrun sets all three)");

@@ -4,7 +4,8 @@
 #   torchrun --nnodes 2 --node_rank N --nproc_per_node 2 --master_addr 10.233.0.1 --master_port P ...
 #   1. the Python package with HuggingFace DeepSeek models: hf_parity_torchrun.py (the parity cases of
 #      test_hf_parity.py on the 4 ranks, Ulysses groups of the hybrid inside the hosts);
-#   2. the C++ tool under torchrun (--no-python): verify's representative matrix (the ranks read
+#   2. the README's example for two hosts: examples/hf_context_parallel.py as it is (losses agree);
+#   3. the C++ tool under torchrun (--no-python): verify's representative matrix (the ranks read
 #      torchrun's variables, connect to its agent's store, bind the interface that reaches
 #      MASTER_ADDR).
 # GLOO_SOCKET_IFNAME names each host's interface for torch.distributed's own groups (c10d binds
@@ -53,6 +54,13 @@ rc=$?
 grep -E "^(latent|expanded)|PASS" "$work/hf-a.log"
 [ "$rc" -eq 0 ] && grep -q "hf parity on 4 ranks (2 a host, node 0 leading.*): PASS" "$work/hf-a.log" ||
   { fail "HuggingFace parity under torchrun --nnodes 2 (exit $rc)"; tail -20 "$work/hf-a.log" "$work/hf-b.log"; }
+
+# The README's example for two hosts: the single-host example script, unchanged, on 2 x 2 ranks
+two_nodes example 300 -- "$here/../../examples/hf_context_parallel.py"
+rc=$?
+grep -E "losses agree" "$work/example-a.log"
+[ "$rc" -eq 0 ] && grep -q "losses agree: True" "$work/example-a.log" ||
+  { fail "examples/hf_context_parallel.py under torchrun --nnodes 2 (exit $rc)"; tail -20 "$work/example-a.log"; }
 
 # The C++ tool: torchrun's GLOO_SOCKET_IFNAME is not needed by it (unset for this run).
 two_nodes tool 300 GLOO_SOCKET_IFNAME= -- --no-python "$mlacp" --threads 1 verify --timeout 60

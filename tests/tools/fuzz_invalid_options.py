@@ -57,7 +57,8 @@ BAD_PATHS = {
 
 
 def options_of(mlacp, command):
-    text = subprocess.run([mlacp, command, "--help"], capture_output=True, text=True, timeout=60).stdout
+    text = subprocess.run([mlacp] + ([command] if command else []) + ["--help"], capture_output=True, text=True,
+                          timeout=60).stdout
     found = {}
     for line in text.splitlines():
         m = OPTION.match(line)
@@ -87,6 +88,8 @@ def bad_values(kind, detail):
         values += ["maybe", "2"]
     elif kind == "TEXT" and detail.startswith("{"):
         values += ["not-a-choice"]
+    elif kind == "TEXT" and detail == "INTERFACES":
+        values += ["no-such-iface0", "lo,", "lo,,lo"]
     return values
 
 
@@ -197,6 +200,11 @@ def option_cases(h):
                 values = [paths[turn[detail] % len(paths)]]
             for value in values:
                 h.run([command, option, value], names=(option, option.lstrip("-")))
+    # The options before the command (mlacp --help): e.g. --iface
+    for option, (kind, detail) in sorted(options_of(h.mlacp, "").items()):
+        if kind == "TEXT" and detail == "INTERFACES":
+            for value in bad_values(kind, detail):
+                h.run([option, value, "info", "--skip-gemm"], names=(option, option.lstrip("-")))
 
 
 # The commands that run ranks, each with a small run (the environment is checked before it).
@@ -212,7 +220,9 @@ def environment_cases(h):
     resolve (c10d's store retried it with a log line a second), malformed numbers."""
     broken = [("MASTER_ADDR", "no-such-host.invalid"), ("MASTER_ADDR", ""), ("MASTER_ADDR", "bad host!"),
               ("MASTER_PORT", "0"), ("MASTER_PORT", "65536"), ("MASTER_PORT", "abc"), ("RANK", "2"), ("RANK", "-1"),
-              ("RANK", "x"), ("WORLD_SIZE", "0"), ("WORLD_SIZE", "abc"), ("LOCAL_RANK", "abc")]
+              ("RANK", "x"), ("WORLD_SIZE", "0"), ("WORLD_SIZE", "abc"), ("LOCAL_RANK", "abc"),
+              ("LOCAL_WORLD_SIZE", "0"), ("LOCAL_WORLD_SIZE", "abc"), ("GROUP_RANK", "x"),
+              ("GLOO_SOCKET_IFNAME", "no-such-iface0")]
     for i, (name, value) in enumerate(broken):
         h.run(RANK_COMMANDS[i % len(RANK_COMMANDS)], env=dict(GOOD_ENV, **{name: value}), names=(name,))
 
