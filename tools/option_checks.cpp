@@ -172,13 +172,14 @@ CLI::Validator network_interfaces() {
   return CLI::Validator(
       [](std::string& input) -> std::string {
         std::stringstream in(input);
-        std::string name, problem;
+        std::string name;
         int names = 0;
+        bool bad = input.empty() || input.back() == ',';
         while (std::getline(in, name, ',')) {
           ++names;
-          if (name.empty() || name.size() >= IF_NAMESIZE || if_nametoindex(name.c_str()) == 0) problem = name;
+          bad = bad || name.empty() || name.size() >= IF_NAMESIZE || if_nametoindex(name.c_str()) == 0;
         }
-        if (names > 0 && problem.empty() && input.back() != ',') return "";
+        if (names > 0 && !bad) return "";
         return rejection("must name network interfaces of this host, comma-separated", {got("value", input)},
                          "ip -brief link lists them (e.g. eth0, or lo for one host)");
       },
