@@ -274,31 +274,28 @@ WorldInfo world_from_env() {
   return w;
 }
 
-std::vector<std::vector<int64_t>> ulysses_groups(const MeshShape& s) {
-  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses;
+namespace {
+
+// The world ranks of the CP grid's groups of one kind (docs/DESIGN.md §2): Ulysses groups are U
+// consecutive CP ranks, all-gather groups every U-th one; one set per (dp, tp) pair.
+std::vector<std::vector<int64_t>> grid_groups(const MeshShape& s, bool ulysses) {
+  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses, a = s.cp / u;
   std::vector<std::vector<int64_t>> groups;
   for (int64_t d = 0; d < s.dp; ++d)
     for (int64_t t = 0; t < s.tp; ++t)
-      for (int64_t a = 0; a < s.cp / u; ++a) {
+      for (int64_t g = 0; g < (ulysses ? a : u); ++g) {
         std::vector<int64_t> members;
-        for (int64_t j = 0; j < u; ++j) members.push_back((d * s.cp + a * u + j) * s.tp + t);
+        for (int64_t m = 0; m < (ulysses ? u : a); ++m)
+          members.push_back((d * s.cp + (ulysses ? g * u + m : m * u + g)) * s.tp + t);
         groups.push_back(members);
       }
   return groups;
 }
 
-std::vector<std::vector<int64_t>> all_gather_groups(const MeshShape& s) {
-  const int64_t u = s.ulysses == 0 ? s.cp : s.ulysses;
-  std::vector<std::vector<int64_t>> groups;
-  for (int64_t d = 0; d < s.dp; ++d)
-    for (int64_t t = 0; t < s.tp; ++t)
-      for (int64_t j = 0; j < u; ++j) {
-        std::vector<int64_t> members;
-        for (int64_t a = 0; a < s.cp / u; ++a) members.push_back((d * s.cp + a * u + j) * s.tp + t);
-        groups.push_back(members);
-      }
-  return groups;
-}
+}  // namespace
+
+std::vector<std::vector<int64_t>> ulysses_groups(const MeshShape& s) { return grid_groups(s, true); }
+std::vector<std::vector<int64_t>> all_gather_groups(const MeshShape& s) { return grid_groups(s, false); }
 
 int64_t host_local_ulysses(const MeshShape& shape, const Topology& topology) {
   if (topology.hosts() <= 1) return shape.cp;

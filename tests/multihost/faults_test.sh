@@ -11,11 +11,8 @@
 set -u
 mlacp="$(realpath "$1")"
 source "$(dirname "$0")/testbed.sh"
-testbed_up
-testbed_shape 1gbit
-work=$(mktemp -d)
-trap 'testbed_down; rm -rf "$work"' EXIT
-TB_LOG_DIR="$work"
+testbed_begin 1gbit
+work="$TB_WORK"
 timeout_s=8
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -46,6 +43,11 @@ finish() {
     grep -q -- "$text" <<<"$line" || fail "$name: rank $r did not say '$text'"
     ! grep -q "$raw" "$work/rank$r.log" || fail "$name: rank $r printed raw library text"
   done
+}
+# no_leftovers NAME: no process of the scenario is left on either host (called once every rank of
+# the scenario has been waited for: a host whose ranks end later is not a leftover)
+no_leftovers() {
+  local name="$1" ns
   for ns in "$TB_NS_A" "$TB_NS_B"; do
     [ -z "$(ip netns pids "$ns")" ] || fail "$name: processes left on $ns: $(ip netns pids "$ns" | tr '\n' ' ')"
   done
@@ -65,6 +67,7 @@ train=("$mlacp" --threads 1 train --cp 4 --steps 100000 --seq 256 --timeout "$ti
 start "0 1" "$mlacp" --threads 1 verify --timeout "$timeout_s"
 t0=$SECONDS
 finish "host b never joins" "0 1" 4 "missing_ranks=\[2, 3\], missing_nodes=\[1\]"
+no_leftovers "host b never joins"
 
 # 2. host b's ranks killed mid-training
 rm -f "$work/train.jsonl"
@@ -76,6 +79,7 @@ if wait_steps 3; then
   # a survivor names host b itself, or says a rank of its own host closed first, naming host b
   finish "host b's ranks killed" "0 1" 4 \
     "lost_host=10.233.0.2 (node 1) world ranks\|closed_by=a rank of this host.*members_on_other_hosts=10.233.0.2 (node 1)"
+  no_leftovers "host b's ranks killed"
 fi
 
 # 3. the link down mid-training
@@ -86,6 +90,7 @@ if wait_steps 3; then
   t0=$SECONDS
   finish "link down (host a's ranks)" "0 1" 4 "lost_contact_with=10.233.0.2 (node 1) world ranks"
   finish "link down (host b's ranks)" "2 3" 4 "lost_contact_with=10.233.0.1 (node 0) world ranks"
+  no_leftovers "link down"
   testbed_link up
 fi
 
@@ -93,5 +98,6 @@ fi
 start "0 1 2 3" env GLOO_SOCKET_IFNAME=lo "$mlacp" --threads 1 verify --timeout "$timeout_s"
 t0=$SECONDS
 finish "all on loopback" "0 1 2 3" 2 "ranks on several hosts must bind addresses the other hosts can reach, not loopback"
+no_leftovers "all on loopback"
 
 if [ "$failures" -eq 0 ]; then echo PASS; else echo "$failures failure(s)"; exit 1; fi

@@ -10,6 +10,7 @@
 #   source testbed.sh
 #   testbed_up                      # hosts a (10.233.0.1) and b (10.233.0.2), unshaped
 #   testbed_shape 1gbit             # tbf on both ends of the link
+#   testbed_begin 1gbit             # both, and a work folder $TB_WORK for the logs
 #   testbed_rank a 0 0 -- CMD...    # rank 0, local rank 0 on host a, in the background; $! is its pid
 #   testbed_link down|up            # the link between the hosts
 #   testbed_down                    # also run by the trap
@@ -62,6 +63,16 @@ testbed_up() {
     ip -n "$TB_NS_A" link set "$TB_IF_A" up && ip -n "$TB_NS_B" link set "$TB_IF_B" up ||
     { echo "FAIL: the test bed could not be made"; exit 1; }
   TB_UP=1
+}
+
+# testbed_begin RATE: the usual start of a test: the two hosts, the link shaped to RATE, a work
+# folder $TB_WORK (removed with the rest on exit) where the ranks' logs go.
+testbed_begin() {
+  testbed_up
+  testbed_shape "$1"
+  TB_WORK=$(mktemp -d)
+  TB_LOG_DIR="$TB_WORK"
+  trap 'testbed_down; rm -rf "$TB_WORK"' EXIT
 }
 
 # testbed_shape RATE: both directions through a token bucket (e.g. 1gbit, 200mbit).

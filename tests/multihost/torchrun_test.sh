@@ -17,10 +17,8 @@ mlacp="$(realpath "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/testbed.sh"
 command -v torchrun >/dev/null || { echo "FAIL: torchrun is not on PATH"; exit 1; }
-testbed_up
-testbed_shape 1gbit
-work=$(mktemp -d)
-trap 'testbed_down; rm -rf "$work"' EXIT
+testbed_begin 1gbit
+work="$TB_WORK"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 

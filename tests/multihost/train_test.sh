@@ -6,11 +6,8 @@
 set -u
 mlacp="$(realpath "$1")"
 source "$(dirname "$0")/testbed.sh"
-testbed_up
-testbed_shape 1gbit
-work=$(mktemp -d)
-trap 'testbed_down; rm -rf "$work"' EXIT
-TB_LOG_DIR="$work"
+testbed_begin 1gbit
+work="$TB_WORK"
 testbed_world "$mlacp" --threads 1 train --compare --steps 20 --out "$work/compare" --timeout 60
 rc=$?
 grep -E "^train: world|loss curves|^dp=|^single" "$work/rank0.log"

@@ -8,11 +8,8 @@
 set -u
 mlacp="$(realpath "$1")"
 source "$(dirname "$0")/testbed.sh"
-testbed_up
-testbed_shape 1gbit
-work=$(mktemp -d)
-trap 'testbed_down; rm -rf "$work"' EXIT
-TB_LOG_DIR="$work"
+testbed_begin 1gbit
+work="$TB_WORK"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
