@@ -19,6 +19,7 @@
 #include "core/memory_probe.h"
 #include "kernels/blockwise_attention.h"
 #include "kernels/gemm_rate.h"
+#include "kernels/torch_sdpa.h"
 #include "mlacp/errors.h"
 #include "table.h"
 
@@ -40,7 +41,15 @@ struct Row {
   int64_t tiles_computed = 0, tiles_total = 0;
   double cpu_busy = 0;  // process CPU time / (wall × threads), median over repeats: < ~0.9 means
                         // other processes took cores and every rate of the row is depressed
+  // --vs-torch: torch's SDPA on the same operands, its calls alternating with the kernel's
+  std::string torch_backend;
+  double torch_median_ms = 0, torch_gflops = 0;
+  int64_t torch_peak_extra_bytes = 0;
+  double torch_max_diff = 0;  // max |out_torch - out_mlacp| / max |out_mlacp| (last repeat)
 };
+
+// The tolerance of the --vs-torch output check: the two kernels sum in different orders.
+double torch_tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-4 : 3e-2; }
 
 double process_cpu_seconds() {
   rusage usage{};
@@ -112,7 +121,8 @@ Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_nam
   Row row;
   row.seq = s, row.dtype = dtype_name, row.mask = mask, row.pass = backward ? "fwd+bwd" : "fwd";
   row.layout = layout;
-  std::vector<double> times_ms, busy;
+  std::vector<double> times_ms, busy, torch_ms;
+  if (a.vs_torch) row.torch_backend = torch_sdpa_backend(q.detach(), k.detach(), v.detach(), scaling, causal);
   for (int r = 0; r < a.repeats; ++r) {
     std::cerr << "bench-kernel: S=" << s << " " << dtype_name << " " << mask << " " << row.pass << " repeat "
               << r + 1 << "/" << a.repeats << "\n";
@@ -130,6 +140,20 @@ Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_nam
     busy.push_back((process_cpu_seconds() - cpu_start) * 1e3 / (times_ms.back() * at::get_num_threads()));
     row.peak_extra_bytes = std::max(row.peak_extra_bytes, scope.peak_extra_bytes());
     row.temporaries_bytes = std::max(row.temporaries_bytes, scope.peak_extra_bytes() - results);
+    if (!a.vs_torch) continue;
+    // torch's SDPA right after, on the same operands: drift on this shared host hits both alike
+    const at::Tensor ours = out.detach();
+    out = at::Tensor();
+    for (at::Tensor* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
+    MemoryScope torch_scope;
+    const auto torch_start = std::chrono::steady_clock::now();
+    at::Tensor theirs = torch_sdpa(q, k, v, scaling, causal);
+    if (backward) theirs.backward(dout);
+    torch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - torch_start).count());
+    row.torch_peak_extra_bytes = std::max(row.torch_peak_extra_bytes, torch_scope.peak_extra_bytes());
+    const double scale = ours.abs().max().item<double>();
+    row.torch_max_diff = (theirs.detach().to(at::kFloat) - ours.to(at::kFloat)).abs().max().item<double>() /
+                         (scale > 0 ? scale : 1.0);
   }
   const double flops = forward_flops(a, s, causal) * (backward ? 1.0 + kBackwardFactor : 1.0);
   row.median_ms = median(times_ms);
@@ -139,6 +163,10 @@ Row bench_case(const KernelBenchArgs& a, int64_t s, const std::string& dtype_nam
   row.path = path_name(stats.path);
   row.tiles_computed = stats.forward_blocks_computed;
   row.tiles_total = stats.blocks_total;
+  if (a.vs_torch) {
+    row.torch_median_ms = median(torch_ms);
+    row.torch_gflops = flops / (row.torch_median_ms * 1e6);
+  }
   return row;
 }
 
@@ -149,7 +177,7 @@ void warm_up(at::ScalarType dtype) {
 }
 
 nlohmann::json to_json(const Row& r) {
-  return {{"seq", r.seq},
+  nlohmann::json j = {{"seq", r.seq},
           {"dtype", r.dtype},
           {"mask", r.mask},
           {"layout", r.layout},
@@ -164,6 +192,15 @@ nlohmann::json to_json(const Row& r) {
           {"tiles_computed", r.tiles_computed},
           {"tiles_total", r.tiles_total},
           {"cpu_busy", r.cpu_busy}};
+  if (!r.torch_backend.empty()) {
+    j["torch_backend"] = r.torch_backend;
+    j["torch_median_ms"] = r.torch_median_ms;
+    j["torch_gflops"] = r.torch_gflops;
+    j["vs_torch"] = r.gflops / r.torch_gflops;
+    j["torch_peak_extra_bytes"] = r.torch_peak_extra_bytes;
+    j["torch_max_diff"] = r.torch_max_diff;
+  }
+  return j;
 }
 
 }  // namespace
@@ -202,10 +239,18 @@ CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args) {
       ->delimiter(',')
       ->check(CLI::IsMember({"bhsd", "bshd"}));
   cmd->add_option("--json", args.json_path, "also write the rows as JSON to FILE")->check(output_file());
+  cmd->add_flag("--vs-torch", args.vs_torch,
+                "also time torch's scaled_dot_product_attention on the same operands (V zero-padded to Dqk, as "
+                "its CPU flash kernel needs; the backend it took is named), alternating with mlacp's kernel, and "
+                "mlacp's ratio to it (LibTorch 2.x)");
   return cmd;
 }
 
 int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
+  MLACP_REQUIRE(!args.vs_torch || torch_sdpa_available(), "bench-kernel --vs-torch",
+                "torch's scaled_dot_product_attention exists from LibTorch 2.0 on", {got("LibTorch", "1.x")},
+                "build against the PyTorch 2.x wheel's LibTorch (MLACP_LIBTORCH=wheel scripts/build.sh) or drop "
+                "--vs-torch");
   for (const std::string& path : args.paths) {
     bool used = false;
     for (const std::string& dtype : args.dtypes) used = used || computes(path, dtype);
@@ -227,6 +272,8 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
     const double width = 2.0 * static_cast<double>(args.dqk) + 2.0 * static_cast<double>(args.dv);
     estimate.add("inputs, output and gradients", rows * width * 4.0 * (args.skip_backward ? 1.0 : 2.0));
     estimate.add("kernel buffers", rows * width * 4.0);
+    // torch's SDPA: V and dV padded to Dqk, its output and gradients, its own buffers
+    if (args.vs_torch) estimate.add("torch SDPA", rows * 2.0 * width * 4.0);
     check_run_memory(common, "bench-kernel", estimate, 1);
   }
   apply_threads(common);
@@ -274,6 +321,19 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
     json_rows.push_back(to_json(r));
   }
   table.print(std::cout);
+  if (args.vs_torch) {
+    std::cout << "\ntorch's scaled_dot_product_attention on the same operands (V zero-padded to Dqk=" << args.dqk
+              << " where Dv=" << args.dv << " differs, output sliced back; same useful FLOPs), each call right "
+              << "after mlacp's; x torch = mlacp GFLOP/s / torch GFLOP/s; diff = max |out_torch - out_mlacp| / "
+              << "max |out_mlacp|\n";
+    Table vs({"S", "dtype", "mask", "layout", "pass", "torch backend", "torch median ms", "torch GFLOP/s",
+              "mlacp GFLOP/s", "x torch", "torch peak extra MiB", "diff"});
+    for (const Row& r : rows)
+      vs.add({std::to_string(r.seq), r.dtype, r.mask, r.layout, r.pass, r.torch_backend, fixed(r.torch_median_ms, 1),
+              fixed(r.torch_gflops, 1), fixed(r.gflops, 1), fixed(r.gflops / r.torch_gflops, 2),
+              fixed(r.torch_peak_extra_bytes / kMiB, 1), sci(r.torch_max_diff)});
+    vs.print(std::cout);
+  }
   if (!args.json_path.empty()) {
     const nlohmann::json doc{
         {"command", "bench-kernel"},
@@ -287,7 +347,16 @@ int run_kernel_bench(const CommonArgs& common, const KernelBenchArgs& args) {
         {"rows", json_rows}};
     write_output_file("--json", args.json_path, doc.dump(2) + "\n");
   }
-  return 0;
+  // A ratio against a yardstick that computed something else would be meaningless: say so, fail.
+  int disagreements = 0;
+  for (const Row& r : rows)
+    if (args.vs_torch && !(r.torch_max_diff <= torch_tolerance(dtype_of(r.dtype)))) {
+      std::cerr << "bench-kernel: torch's SDPA and mlacp's kernel disagree at S=" << r.seq << " " << r.dtype << " "
+                << r.mask << " " << r.pass << ": " << r.torch_max_diff << " > " << torch_tolerance(dtype_of(r.dtype))
+                << "\n";
+      ++disagreements;
+    }
+  return disagreements == 0 ? 0 : 1;
 }
 
 }  // namespace mlacp::tools

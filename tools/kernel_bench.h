@@ -5,6 +5,9 @@
 //   mlacp bench-kernel                  S = 2048, 8192; float32, bf16; causal, full (2-4 min on 2 cores)
 //   mlacp bench-kernel --seq 32768 --mask causal --dtype float32 --repeats 1   (minutes)
 //   mlacp --threads 2 bench-kernel --json kernel.json
+//   mlacp bench-kernel --vs-torch       also torch's scaled_dot_product_attention on the same
+//                                       operands (V padded to Dqk; the backend it took named),
+//                                       timed alternately with mlacp's kernel; mlacp's ratio to it
 // Useful FLOPs: forward 2·B·H·Sq·Sk·(Dqk+Dv) (causal: half), backward 2.5× forward, so
 // forward+backward = 3.5× forward. Table on stdout, progress on stderr.
 #pragma once
@@ -34,6 +37,7 @@ struct KernelBenchArgs {
   // runtime hands them over: [B,S,H,D] tensors viewed as [B,H,S,D]).
   std::vector<std::string> layouts{"bhsd"};
   std::string json_path;
+  bool vs_torch = false;  // also time torch's SDPA (kernels/torch_sdpa.h; LibTorch 2.x)
 };
 
 CLI::App* add_kernel_bench_command(CLI::App& app, KernelBenchArgs& args);
