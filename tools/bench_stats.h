@@ -28,6 +28,7 @@ struct StepSample {
                                 // (with overlap on, transfers running under a span can slow it)
   std::map<std::string, int64_t> bytes;          // bytes per rank per label (equal on every rank)
   std::map<std::string, int64_t> bytes_by_kind;  // per collective kind name
+  double peak_bytes = 0;        // max over ranks of the tensor bytes the step allocated at its highest
 };
 
 double median(std::vector<double> values);

@@ -30,6 +30,7 @@
 #include "core/compat.h"
 #include "core/device.h"
 #include "core/format.h"
+#include "core/memory_probe.h"
 #include "core/timeline.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
@@ -47,6 +48,7 @@ struct RankStep {
   LabelTimes compute_us;       // per compute span name (summed over the step)
   std::map<std::string, int64_t> bytes;
   std::map<CollectiveKind, int64_t> bytes_by_kind;
+  double peak_bytes = 0;  // tensor bytes the step allocated at its highest (core/memory_probe.h; CPU only)
 };
 
 // The transfers the plan's overlapped schedule hides, by counter label (the schedule's own
@@ -66,6 +68,7 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   barrier(groups.world);
   synchronize_device(device);
   const double start = Timeline::now_us();
+  MemoryScope memory;  // host tensors: the probe counts the CPU allocator's storages
   {
     ComputeSpan span(groups.instruments.timeline.get(), "step");
     std::unique_ptr<compat::AutocastGuard> autocast;
@@ -76,6 +79,7 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   synchronize_device(device);  // a GPU step is over when the device is done, not when it is enqueued
   RankStep s;
   s.step_us = Timeline::now_us() - start;
+  s.peak_bytes = device.is_cpu() ? static_cast<double>(memory.peak_extra_bytes()) : 0.0;
   groups.instruments.timeline->set_enabled(false);
   std::map<std::string, double> launched;
   for (const auto& e : groups.instruments.timeline->events()) {
@@ -97,7 +101,7 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
 // Combines one step over the ranks (after the step: not timed). Every rank runs the same
 // schedule, so the labels agree.
 StepSample combine(const RankStep& mine, const CommGroup& world) {
-  std::vector<double> low, high{mine.step_us};
+  std::vector<double> low, high{mine.step_us, mine.peak_bytes};
   for (const auto& [label, bytes] : mine.bytes) {
     const double wait = mine.wait_us.count(label) ? mine.wait_us.at(label) : 0.0;
     const double gap = mine.gap_us.count(label) ? mine.gap_us.at(label) : 0.0;
@@ -109,16 +113,17 @@ StepSample combine(const RankStep& mine, const CommGroup& world) {
   high = all_reduce_max(world, high);
   StepSample s;
   s.step_us = high[0];
+  s.peak_bytes = high[1];
   s.bytes = mine.bytes;
   for (const auto& [kind, bytes] : mine.bytes_by_kind) s.bytes_by_kind[collective_kind_name(kind)] = bytes;
   size_t i = 0;
   for (const auto& [label, bytes] : mine.bytes) {
     s.exposed_us[label] = low[2 * i];
     s.compute_under_us[label] = low[2 * i + 1];
-    s.blocked_us[label] = high[1 + i];
+    s.blocked_us[label] = high[2 + i];
     ++i;
   }
-  for (const auto& [name, us] : mine.compute_us) s.compute_us[name] = high[1 + i++];
+  for (const auto& [name, us] : mine.compute_us) s.compute_us[name] = high[2 + i++];
   return s;
 }
 
@@ -371,7 +376,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   };
 
   Table table({"strategy", "overlap", "link GB/s", "step ms", "a2a KB", "gather KB", "rs KB", "formula KB", "comm ms",
-               "exposed ms", "exposed %", "blocked ms"});
+               "exposed ms", "exposed %", "blocked ms", "peak MiB"});
   Table criteria({"strategy", "overlapped transfers", "transfer/compute", "their comm ms", "exposed on ms", "hidden %",
                   "exposed off ms", "step saved ms", "saved %", "paired saved ms", "met"});
   json rows = json::array();
@@ -413,13 +418,17 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
       for (const auto& [label, b] : bytes) comm_us += transfer_duration_us(label, overlap == 1, link_us, off, on);
       const double step_ms = median_step_us(steps) / 1000.0, exposed_ms = sum(exposed) / 1000.0;
       const double comm_ms = comm_us / 1000.0;
+      std::vector<double> peaks;
+      for (const StepSample& st : steps) peaks.push_back(st.peak_bytes);
+      const double peak_bytes = median(peaks);
       const double fraction = comm_ms > 0 ? exposed_ms / comm_ms : 0.0;
       table.add({strategy_name(s), overlap ? "on" : "off",
                  link.bandwidth_bytes_per_second > 0 ? fixed(link.bandwidth_bytes_per_second / 1e9, 3) : "none",
                  fixed(step_ms, 2), fixed(bytes_of_kind(steps, CollectiveKind::all_to_all) / 1024.0, 1),
                  fixed(bytes_of_kind(steps, CollectiveKind::all_gather) / 1024.0, 1),
                  fixed(bytes_of_kind(steps, CollectiveKind::reduce_scatter) / 1024.0, 1), fixed(formula_kb, 1),
-                 fixed(comm_ms, 2), fixed(exposed_ms, 2), fixed(100.0 * fraction, 1), fixed(sum(blocked) / 1000.0, 2)});
+                 fixed(comm_ms, 2), fixed(exposed_ms, 2), fixed(100.0 * fraction, 1), fixed(sum(blocked) / 1000.0, 2),
+                 device.is_cpu() ? fixed(peak_bytes / (1024.0 * 1024.0), 1) : "-"});
       rows.push_back({{"strategy", strategy_name(s)}, {"overlap", overlap == 1},
                       {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_second},
                       {"link_latency_s", link.latency_seconds}, {"median_step_ms", step_ms},
@@ -428,6 +437,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                       {"bytes_reduce_scatter", bytes_of_kind(steps, CollectiveKind::reduce_scatter)},
                       {"formula_bytes", formula_kb * 1024.0}, {"comm_ms", comm_ms}, {"exposed_ms", exposed_ms},
                       {"exposed_fraction", fraction}, {"blocked_ms", sum(blocked) / 1000.0},
+                      {"peak_step_bytes", device.is_cpu() ? json(peak_bytes) : json(nullptr)},
                       {"exposed_ms_by_label", per_label_ms(exposed)}, {"blocked_ms_by_label", per_label_ms(blocked)},
                       {"compute_under_ms_by_label", per_label_ms(median_by_label(steps, &StepSample::compute_under_us))},
                       {"compute_ms_by_span", per_label_ms(median_by_label(steps, &StepSample::compute_us))},
@@ -459,7 +469,9 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
               << " warm-up; threads/rank " << at::get_num_threads() << (common.pin_cores ? ", pinned" : "")
               << (common.batch_scheduling ? ", SCHED_BATCH" : "") << "\n"
               << "exposed: time the last rank to arrive is blocked in waits (critical path); blocked: the rank "
-                 "that waited longest (includes waiting for a late peer)\n\n";
+                 "that waited longest (includes waiting for a late peer); peak: the tensor bytes one step allocated "
+                 "at its highest on the rank that allocated most (LibTorch's CPU allocator, counted; median over "
+                 "steps)\n\n";
     table.print(std::cout);
     std::cout << "\nTransfers the overlap schedule places under computation (met: hidden >= 90% and saved >= 80% "
                  "of their exposed time with overlap off):\n";

@@ -22,11 +22,18 @@ class LambdaBackward : public torch::autograd::Node {
   LambdaBackward(std::string name, BackwardFn fn, std::vector<OutputMeta> outputs)
       : name_(std::move(name)), fn_(std::move(fn)), outputs_(std::move(outputs)) {}
   variable_list apply(variable_list&& grads) override {
+    MLACP_REQUIRE(fn_ != nullptr, "autograd", "backward ran through an mlacp node a second time, after its saved "
+                  "tensors were freed", {got("node", name_)},
+                  "pass retain_graph=True to the first backward if you need to run it twice");
     for (size_t i = 0; i < grads.size(); ++i)
       if (!grads[i].defined()) grads[i] = at::zeros(outputs_[i].sizes, outputs_[i].options);
     return fn_(std::move(grads));
   }
   std::string name() const override { return name_; }
+  // Called by the engine once apply() has run without retain_graph: the backward function and the
+  // tensors it captured are freed now, as LibTorch's own nodes free their saved variables, rather
+  // than when the whole graph dies at the end of backward.
+  void release_variables() override { fn_ = nullptr; }
 
  private:
   std::string name_;
