@@ -1,29 +1,72 @@
 #include "core/stage.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "mlacp/errors.h"
 
 namespace mlacp {
 
+struct Stage::Graph {
+  torch::autograd::edge_list roots;  // the gradient edges of the outputs that require grad
+  std::vector<size_t> root_output;   // which output each root is
+  std::vector<std::vector<int64_t>> root_sizes;
+  std::vector<at::TensorOptions> root_options;
+  torch::autograd::edge_list wrt;  // leaves, then parameters, that require grad
+  std::vector<size_t> wrt_input;   // their index in inputs()
+};
+
 Stage::Stage(std::string name, std::vector<at::Tensor> activations, std::vector<at::Tensor> parameters, const Fn& fn,
              const std::vector<bool>& needs_grad)
     : name_(std::move(name)), activations_(std::move(activations)), parameters_(std::move(parameters)) {
   const bool grad_mode = at::GradMode::is_enabled();
+  std::vector<at::Tensor> leaves;  // detached copies fn computes with (kept alive by the graph that uses them)
   for (size_t i = 0; i < activations_.size(); ++i) {
     const at::Tensor& a = activations_[i];
     if (!a.defined()) {
-      leaves_.push_back(a);
+      leaves.push_back(a);
       continue;
     }
     at::Tensor leaf = a.detach();  // shares data and version counter
     const bool needs = i < needs_grad.size() ? needs_grad[i] : a.requires_grad();
     if (grad_mode && needs) leaf.requires_grad_(true);
-    leaves_.push_back(leaf);
+    leaves.push_back(leaf);
   }
-  outputs_ = fn(leaves_);
+  outputs_ = fn(leaves);
   for (const at::Tensor& out : outputs_) requires_grad_ = requires_grad_ || (out.defined() && out.requires_grad());
+  if (!requires_grad_) return;
+  // What backprop() needs, as torch::autograd::grad would take it from the tensors: the outputs'
+  // gradient edges (their grad_fn) and the leaves' and parameters' (their gradient accumulators,
+  // where the engine captures the gradients instead of accumulating them).
+  graph_ = std::make_shared<Graph>();
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const at::Tensor& out = outputs_[i];
+    if (!out.defined() || !out.requires_grad()) continue;
+    graph_->roots.push_back(torch::autograd::impl::gradient_edge(out));
+    graph_->root_output.push_back(i);
+    graph_->root_sizes.push_back(out.sizes().vec());
+    graph_->root_options.push_back(out.options());
+  }
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].defined() && leaves[i].requires_grad())
+      graph_->wrt.push_back(torch::autograd::impl::gradient_edge(leaves[i])), graph_->wrt_input.push_back(i);
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    if (parameters_[i].defined() && parameters_[i].requires_grad())
+      graph_->wrt.push_back(torch::autograd::impl::gradient_edge(parameters_[i])),
+          graph_->wrt_input.push_back(leaves.size() + i);
+}
+
+const std::vector<at::Tensor>& Stage::outputs() const {
+  MLACP_REQUIRE(!released_, "schedule stage", "a stage's outputs were read after release_outputs()", {got("stage", name_)},
+                "this is a schedule bug: release a stage's outputs after their last use in the forward");
+  return outputs_;
+}
+
+void Stage::release_outputs() {
+  released_ = true;
+  outputs_.clear();
 }
 
 std::vector<at::Tensor> Stage::inputs() const {
@@ -37,26 +80,22 @@ std::vector<at::Tensor> Stage::backprop(const std::vector<at::Tensor>& output_gr
                 "this is a schedule bug: each stage is backpropagated once per forward");
   done_ = true;
   std::vector<at::Tensor> result(activations_.size() + parameters_.size());
-  if (!requires_grad_) return result;
-  std::vector<at::Tensor> roots, root_grads, wrt;
-  for (size_t i = 0; i < outputs_.size(); ++i) {
-    if (!outputs_[i].defined() || !outputs_[i].requires_grad()) continue;
-    roots.push_back(outputs_[i]);
-    root_grads.push_back(i < output_grads.size() && output_grads[i].defined() ? output_grads[i]
-                                                                              : at::zeros_like(outputs_[i]));
+  const std::shared_ptr<Graph> graph = std::move(graph_);  // spent after this call
+  outputs_.clear();
+  if (!graph || graph->roots.empty() || graph->wrt.empty()) return result;
+  std::vector<at::Tensor> root_grads;
+  for (size_t r = 0; r < graph->roots.size(); ++r) {
+    const size_t i = graph->root_output[r];
+    root_grads.push_back(i < output_grads.size() && output_grads[i].defined()
+                             ? output_grads[i]
+                             : at::zeros(graph->root_sizes[r], graph->root_options[r]));
   }
-  std::vector<size_t> where;
-  for (size_t i = 0; i < leaves_.size(); ++i)
-    if (leaves_[i].defined() && leaves_[i].requires_grad()) wrt.push_back(leaves_[i]), where.push_back(i);
-  for (size_t i = 0; i < parameters_.size(); ++i)
-    if (parameters_[i].defined() && parameters_[i].requires_grad())
-      wrt.push_back(parameters_[i]), where.push_back(leaves_.size() + i);
-  if (roots.empty() || wrt.empty()) return result;
-  std::vector<at::Tensor> grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                                                        /*create_graph=*/false, /*allow_unused=*/true);
-  for (size_t j = 0; j < grads.size(); ++j) result[where[j]] = grads[j];
-  outputs_.clear();  // the graph is spent
-  leaves_.clear();
+  // torch::autograd::grad(outputs, inputs, grads, retain_graph=false, create_graph=false,
+  // allow_unused=true), from the edges: the engine runs the stage's graph and returns the
+  // gradients captured at `wrt` (undefined where nothing reached them).
+  const std::vector<at::Tensor> grads = torch::autograd::Engine::get_default_engine().execute(
+      graph->roots, root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false, graph->wrt);
+  for (size_t j = 0; j < grads.size(); ++j) result[graph->wrt_input[j]] = grads[j];
   return result;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,8 @@ class Stage {
   Stage(std::string name, std::vector<at::Tensor> activations, std::vector<at::Tensor> parameters, const Fn& fn,
         const std::vector<bool>& needs_grad = {});
 
-  const std::vector<at::Tensor>& outputs() const { return outputs_; }
-  const at::Tensor& output(size_t i) const { return outputs_.at(i); }
+  const std::vector<at::Tensor>& outputs() const;
+  const at::Tensor& output(size_t i) const { return outputs().at(i); }
   // Whether backprop() has anything to compute (some output depends on something that needs grad).
   bool requires_grad() const { return requires_grad_; }
   // The tensors a schedule node takes as inputs for this stage: activations, then parameters.
@@ -39,14 +40,21 @@ class Stage {
   // One gradient per output (undefined = zero) -> one per inputs() entry (undefined where not
   // needed). Once; frees the stage's graph.
   std::vector<at::Tensor> backprop(const std::vector<at::Tensor>& output_grads);
+  // Drops the stage's references to its outputs once the schedule has consumed them (sent them,
+  // computed from them): backprop() needs only the graph, whose edges the stage kept when it was
+  // built. Without this an overlapped schedule would keep, e.g., its local Q until the backward,
+  // beside the exchanged Q the attention saved. output() is an error afterwards.
+  void release_outputs();
 
  private:
+  struct Graph;  // the autograd edges backprop() runs between (stage.cpp)
   std::string name_;
   std::vector<at::Tensor> activations_;  // the originals (their autograd identity is the node's edge)
-  std::vector<at::Tensor> leaves_;       // detached copies fn computed with
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<Graph> graph_;
   bool requires_grad_ = false;
+  bool released_ = false;
   bool done_ = false;
 };
 

@@ -95,6 +95,7 @@ at::Tensor ExpandedHybridSchedule::overlapped(const ScheduleContext& ctx, const 
     if (needs_q) d_q = launch_head_to_seq(ulysses, g[0], transfer_name(Transfer::dq));  // 1. launch dQ
     if (needs_kv) {  // 2. reduce-scatter dK|V over the gather group (waited), 3. launch its head->seq
       at::Tensor local = launch_reduce_scatter_seq(gather_group, g[1], transfer_name(Transfer::dkv_gather)).wait_one();
+      g[1] = at::Tensor();
       d_kv = launch_head_to_seq(ulysses, local, transfer_name(Transfer::dkv));
     }
     std::vector<at::Tensor> query_grads(query_inputs);  // 4. wait dQ, q_b_proj+RoPE backward
@@ -106,6 +107,8 @@ at::Tensor ExpandedHybridSchedule::overlapped(const ScheduleContext& ctx, const 
     return out;
   };
   std::vector<at::Tensor> outputs = attach_backward(inputs, {q_heads, kv_all}, "ExpandedHybridSchedule", std::move(backward));
+  kv_stage->release_outputs();  // the local Q and K|V have been sent: only the exchanged ones stay
+  query_stage->release_outputs();
   std::vector<at::Tensor> parts = outputs[1].split_with_sizes({c.qk_head_dim(), c.v_head_dim}, -1);
   return output_stage(ctx, step, attend_heads(ctx, step, outputs[0], parts[0], parts[1]), {}, /*overlap=*/true);
 }

@@ -113,6 +113,7 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
     if (needs_q) d_q = launch_head_to_seq(ulysses, g[0], transfer_name(Transfer::dq));
     if (needs_k) d_k = launch_head_to_seq(ulysses, g[1], transfer_name(Transfer::dk));
     if (needs_v) d_v = launch_head_to_seq(ulysses, g[2], transfer_name(Transfer::dv));
+    for (size_t i = 0; i < 3; ++i) g[i] = at::Tensor();  // the launched exchanges hold their own buffers
     std::vector<at::Tensor> gate_grads;  // 2. gate_proj backward, under dQ
     if (gate_stage) {
       ComputeSpan span(tl, "gate_proj_backward");
@@ -139,6 +140,8 @@ at::Tensor ExpandedUlyssesSchedule::overlapped(const ScheduleContext& ctx, const
     return out;
   };
   outputs = attach_backward(inputs, outputs, "ExpandedUlyssesSchedule", std::move(backward));
+  // The local Q, K, V have been sent: only the exchanged ones (saved by the attention) stay.
+  for (Stage* s : {kv_stage.get(), key_stage.get(), query_stage.get()}) s->release_outputs();
   const at::Tensor attention = attend_heads(ctx, step, outputs[0], outputs[1], outputs[2]);
   return output_stage(ctx, step, attention, gate_ ? outputs[3] : at::Tensor(), /*overlap=*/true);
 }

@@ -193,12 +193,14 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     // g: d q_heads, d key, d value
     AsyncHandle d_query;
     if (needs_query) d_query = launch_head_to_seq(ulysses, g[0], transfer_name(Transfer::dq));  // 1. launch dQ
-    const std::vector<at::Tensor> kv_grads = kv_stage->backprop({g[1], g[2]});  // 2. K,V assembly backward
+    std::vector<at::Tensor> kv_grads = kv_stage->backprop({g[1], g[2]});  // 2. K,V assembly backward
+    g.clear();  // each gradient is freed at its last use (the launched dQ holds its own buffer)
     saved.check(kWhat);
     const auto autocast_guard = autocast.enter();
     const at::Tensor &latent_s = saved[0], &weight_s = saved[1];
     at::Tensor d_kv = kv_grads[0].defined() ? kv_grads[0] : at::zeros(projected_shape, latent_s.options());
     d_kv = d_kv.reshape({-1, d_kv.size(-1)});  // [B*S, Hc*(Dn+Dv)]
+    kv_grads[0] = at::Tensor();
     AsyncHandle reduce;
     if (needs_payload) {  // 3. kv_b_proj dgrad, launch the reduce-scatter before the wgrad GEMM
       ComputeSpan span(tl, "kv_b_proj_dgrad");
@@ -206,6 +208,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
       const at::Tensor d_shared = kv_grads[1].defined() ? kv_grads[1] : at::zeros(shared_shape, latent_s.options());
       reduce = launch_reduce_scatter_seq(cp, at::cat({d_latent.to(d_shared.scalar_type()), d_shared}, -1),
                                          transfer_name(Transfer::dlatent));
+      kv_grads[1] = at::Tensor();
     }
     at::Tensor d_weight, d_bias;
     if (needs_weight) {  // 4. kv_b_proj wgrad ([out, Rkv], like the weight)
@@ -213,6 +216,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
       d_weight = d_kv.t().mm(latent_s.reshape({-1, latent_s.size(-1)})).to(weight_s.scalar_type());
     }
     if (needs_bias) d_bias = d_kv.sum(0).to(weight_s.scalar_type());
+    d_kv = at::Tensor();
     std::vector<at::Tensor> payload_grads(2);  // 5. wait the reduce-scatter: this rank's d payload
     if (needs_payload) payload_grads = payload->backprop({reduce.wait_one()});
     std::vector<at::Tensor> query_grads(query_inputs);  // 6. wait dQ, then q_b_proj+RoPE backward
@@ -225,6 +229,9 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   };
   std::vector<at::Tensor> waited = attach_backward(inputs, {q_heads, key.detach(), value.detach()}, "LatentSchedule",
                                                    std::move(backward));
+  // Sent or handed on: the local payload and Q (their exchanged forms are what the rest reads),
+  // K and V (the attention holds them).
+  for (Stage* s : {payload.get(), query_stage.get(), kv_stage.get()}) s->release_outputs();
   return output_stage(ctx, step, attention.finish(waited[0], waited[1], waited[2]), {}, /*overlap=*/true);
 }
 
