@@ -1,6 +1,8 @@
 #include "core/autograd_node.h"
 
 #include <ATen/ATen.h>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/compat.h"
@@ -20,24 +22,34 @@ class LambdaBackward : public torch::autograd::Node {
     at::TensorOptions options;
   };
   LambdaBackward(std::string name, BackwardFn fn, std::vector<OutputMeta> outputs)
-      : name_(std::move(name)), fn_(std::move(fn)), outputs_(std::move(outputs)) {}
+      : name_(std::move(name)), fn_(std::make_shared<BackwardFn>(std::move(fn))), outputs_(std::move(outputs)) {}
   variable_list apply(variable_list&& grads) override {
-    MLACP_REQUIRE(fn_ != nullptr, "autograd", "backward ran through an mlacp node a second time, after its saved "
+    std::shared_ptr<BackwardFn> fn;
+    {
+      // Node's contract: apply and release_variables may race when two backward passes share a
+      // graph; the function is taken under the node's mutex and runs outside it.
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn = fn_;
+    }
+    MLACP_REQUIRE(fn != nullptr, "autograd", "backward ran through an mlacp node a second time, after its saved "
                   "tensors were freed", {got("node", name_)},
-                  "pass retain_graph=True to the first backward if you need to run it twice");
+                  "run the forward again before another backward (a CP layer's backward runs once per forward)");
     for (size_t i = 0; i < grads.size(); ++i)
       if (!grads[i].defined()) grads[i] = at::zeros(outputs_[i].sizes, outputs_[i].options);
-    return fn_(std::move(grads));
+    return (*fn)(std::move(grads));
   }
   std::string name() const override { return name_; }
   // Called by the engine once apply() has run without retain_graph: the backward function and the
   // tensors it captured are freed now, as LibTorch's own nodes free their saved variables, rather
   // than when the whole graph dies at the end of backward.
-  void release_variables() override { fn_ = nullptr; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn_.reset();
+  }
 
  private:
   std::string name_;
-  BackwardFn fn_;
+  std::shared_ptr<BackwardFn> fn_;
   std::vector<OutputMeta> outputs_;  // shape and options of each output
 };
 

@@ -14,6 +14,10 @@ struct Stage::Graph {
   std::vector<size_t> root_output;   // which output each root is
   std::vector<std::vector<int64_t>> root_sizes;
   std::vector<at::TensorOptions> root_options;
+  // The outputs' version counters (no data) and versions when the edges were taken: an output
+  // changed in place afterwards would have a newer grad_fn than the recorded edge.
+  std::vector<c10::VariableVersion> root_counters;
+  std::vector<uint32_t> root_versions;
   torch::autograd::edge_list wrt;  // leaves, then parameters, that require grad
   std::vector<size_t> wrt_input;   // their index in inputs()
 };
@@ -48,6 +52,8 @@ Stage::Stage(std::string name, std::vector<at::Tensor> activations, std::vector<
     graph_->root_output.push_back(i);
     graph_->root_sizes.push_back(out.sizes().vec());
     graph_->root_options.push_back(out.options());
+    graph_->root_counters.push_back(torch::autograd::impl::version_counter(out));
+    graph_->root_versions.push_back(graph_->root_counters.back().current_version());
   }
   for (size_t i = 0; i < leaves.size(); ++i)
     if (leaves[i].defined() && leaves[i].requires_grad())
@@ -77,12 +83,18 @@ std::vector<at::Tensor> Stage::inputs() const {
 
 std::vector<at::Tensor> Stage::backprop(const std::vector<at::Tensor>& output_grads) {
   MLACP_REQUIRE(!done_, "schedule stage", "a stage's backward ran twice", {got("stage", name_)},
-                "this is a schedule bug: each stage is backpropagated once per forward");
+                "a CP layer's backward runs once per forward: run the forward again before another backward "
+                "(retain_graph=True does not keep a schedule's stages)");
   done_ = true;
   std::vector<at::Tensor> result(activations_.size() + parameters_.size());
   const std::shared_ptr<Graph> graph = std::move(graph_);  // spent after this call
   outputs_.clear();
   if (!graph || graph->roots.empty() || graph->wrt.empty()) return result;
+  for (size_t r = 0; r < graph->roots.size(); ++r)
+    MLACP_REQUIRE(graph->root_counters[r].current_version() == graph->root_versions[r], "schedule stage",
+                  "a stage's output was modified in place between the forward and its backward",
+                  {got("stage", name_), got("output", static_cast<int64_t>(graph->root_output[r]))},
+                  "this is a schedule bug: modify a clone of a stage's output");
   std::vector<at::Tensor> root_grads;
   for (size_t r = 0; r < graph->roots.size(); ++r) {
     const size_t i = graph->root_output[r];

@@ -1,6 +1,7 @@
 // Stage (core/stage.h): backprop() returns what torch::autograd::grad returns for the same step,
 // to the bit, also after the stage has released its outputs (the overlapped schedules drop their
-// local Q/K/V that way once sent); releasing frees the outputs; reading them afterwards is an error.
+// local Q/K/V that way once sent), for views as outputs and unused inputs too; releasing frees the
+// outputs; reading them afterwards, or changing them in place before the backward, is an error.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -62,6 +63,34 @@ TEST(Stage, ReleasedOutputsAreFreedAndBackpropStillEqualsAutogradGrad) {
   const std::vector<at::Tensor> got = stage->backprop({f.g0, f.g1});
   EXPECT_TRUE(at::equal(got[0], expected[0]));
   EXPECT_TRUE(at::equal(got[1], expected[1]));
+}
+
+TEST(Stage, AViewOutputAndAnUnusedActivationMatchAutogradGrad) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({5, 4}, at::kDouble).requires_grad_(true);
+  const at::Tensor unused = at::randn({3}, at::kDouble).requires_grad_(true);
+  const at::Tensor w = at::randn({4, 6}, at::kDouble).requires_grad_(true);
+  const at::Tensor g = at::randn({5, 2}, at::kDouble);
+  auto fn = [&w](const std::vector<at::Tensor>& a) { return std::vector<at::Tensor>{at::sin(a[0].mm(w)).narrow(1, 1, 2)}; };
+  const at::Tensor xl = x.detach().requires_grad_(true), wl = w.detach().requires_grad_(true);
+  const std::vector<at::Tensor> expected =
+      torch::autograd::grad({at::sin(xl.mm(wl)).narrow(1, 1, 2)}, {xl, wl}, {g});
+  Stage stage("view", {x, unused}, {w}, fn);
+  stage.release_outputs();
+  const std::vector<at::Tensor> got = stage.backprop({g});
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(at::equal(got[0], expected[0]));
+  EXPECT_FALSE(got[1].defined());  // nothing reached it
+  EXPECT_TRUE(at::equal(got[2], expected[1]));
+}
+
+TEST(Stage, AnOutputModifiedInPlaceBeforeTheBackwardIsAnError) {
+  at::manual_seed(4);
+  Fixture f;
+  std::unique_ptr<Stage> stage = f.stage();
+  stage->output(0).mul_(2.0);
+  const std::string message = test::error_of([&] { stage->backprop({f.g0, f.g1}); });
+  EXPECT_NE(message.find("modified in place"), std::string::npos) << message;
 }
 
 TEST(Stage, NothingToComputeWhenNoInputRequiresGrad) {
