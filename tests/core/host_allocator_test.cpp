@@ -55,10 +55,14 @@ TEST(HostAllocator, LaterStepsReuseTheirMemoryWithoutPageFaults) {
   ASSERT_TRUE(p.applied) << p.detail;
   const long first = faults_of_one_step();  // ~24,600 pages touched for the first time
   for (int i = 0; i < 4; ++i) faults_of_one_step();  // the heap settles into its free blocks
-  long later = 0;
-  for (int i = 0; i < 3; ++i) later = std::max(later, faults_of_one_step());
-  // glibc's defaults unmap or trim part of it again: ~8,000 faults per later step on this host.
-  EXPECT_LT(later, first / 20) << "first step " << first << " faults, a later one " << later;
+  // The fewest faults of five later steps: the kernel may still fault a settled step's pages in
+  // for its own reasons (e.g. compaction migrating them while other processes ask for huge
+  // pages; a CI run failed on the largest of three later steps), never every step. glibc's
+  // defaults unmap or trim part of the memory again at every step: ~8,000 faults each on this
+  // host, so the fewest still shows a regression.
+  long later = faults_of_one_step();
+  for (int i = 0; i < 4; ++i) later = std::min(later, faults_of_one_step());
+  EXPECT_LT(later, first / 20) << "first step " << first << " faults, the fewest of five later ones " << later;
 }
 #endif
 
