@@ -9,6 +9,7 @@
 
 #include <torch/extension.h>
 
+#include "collectives.h"
 #include "layer.h"
 #include "mlacp/config.h"
 #include "mlacp/errors.h"
@@ -129,6 +130,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("key"), py::arg("grad_output"),
       "The gradients of a Layer.forward: hidden's, then one per weight (None where not needed).");
+  m.def(
+      "all_reduce_sum_",
+      [](const at::Tensor& tensor, const ProcessGroupPtr& group) {
+        py::gil_scoped_release release;
+        mlacp::python::all_reduce_sum_(tensor, group);
+      },
+      py::arg("tensor"), py::arg("group"),
+      "Sums a contiguous tensor in place over a torch.distributed group (python/csrc/collectives.h: why not "
+      "dist.all_reduce).");
+  m.def(
+      "all_gather",
+      [](const at::Tensor& tensor, const ProcessGroupPtr& group) {
+        py::gil_scoped_release release;
+        return mlacp::python::all_gather(tensor, group);
+      },
+      py::arg("tensor"), py::arg("group"), "Every member's tensor, in group rank order (python/csrc/collectives.h).");
   m.def("live_layer_graphs", &mlacp::python::live_boxes, "How many layer forwards hold their graphs now.");
 
   m.def(

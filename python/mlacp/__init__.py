@@ -258,7 +258,7 @@ def reduce_gradients(parameters: Iterable[torch.nn.Parameter], groups: ContextPa
         by_type.setdefault((g.dtype, g.device), []).append(g)
     for bucket in by_type.values():
         flat = torch._utils._flatten_dense_tensors(bucket)
-        dist.all_reduce(flat, group=groups.cp_group)
+        _C.all_reduce_sum_(flat, groups.cp_group)
         for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
             g.copy_(reduced)
 
@@ -267,5 +267,5 @@ def all_reduce_loss(loss: torch.Tensor, groups: ContextParallelGroups) -> torch.
     """The global loss (sum of every rank's share), detached: for logging."""
     total = loss.detach().clone()
     if groups.size > 1:
-        dist.all_reduce(total, group=groups.cp_group)
+        _C.all_reduce_sum_(total, groups.cp_group)
     return total

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import MlacpError
+from . import MlacpError, _C
 
 # How a rank's shard was made (record field "mode").
 NO_SHARD_INFO, POSITION_IDS, SHARD_INPUTS = 0, 1, 2
@@ -58,8 +58,7 @@ def agree(groups, record: Sequence[int], problem: Optional[str], what: str) -> L
         return [list(record)]
     vec = torch.tensor([1 if problem else 0] + [int(v) for v in record], dtype=torch.int64,
                        device=_control_device(groups.cp_group))
-    rows = [torch.empty_like(vec) for _ in range(groups.size)]
-    dist.all_gather(rows, vec, group=groups.cp_group)
+    rows = _C.all_gather(vec, groups.cp_group)
     table = torch.stack(rows).tolist()
     if any(row[0] for row in table):
         texts: List[Optional[str]] = [None] * groups.size

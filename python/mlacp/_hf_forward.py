@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
 import torch
-import torch.distributed as dist
 
-from . import MlacpError, _agreement, _error, _ops, shard_sequence, unshard_sequence
+from . import MlacpError, _C, _agreement, _error, _ops, shard_sequence, unshard_sequence
 
 _WHAT = "HuggingFace model"
 
@@ -277,11 +276,7 @@ def _resolved(handle, base, given: _Given, kwargs) -> dict:
         # One small collective: the global positions, for the document boundaries (on a GPU this
         # reads device values on the host: pass shard_inputs' mlacp_positions).
         local = given.position_ids.to(torch.int64).expand(given.batch, -1).contiguous()
-        shards = [torch.empty_like(local) for _ in range(p)]
-        if p > 1:
-            dist.all_gather(shards, local, group=groups.cp_group)
-        else:
-            shards = [local]
+        shards = _C.all_gather(local, groups.cp_group) if p > 1 else [local]
         global_positions = unshard_sequence(shards, handle.partition)
         ends = document_ends(global_positions)
         _check_gathered_documents(global_positions, ends)

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import STRATEGIES, ContextParallelGroups, MlaConfig, _agreement, _error, _hf_forward, _ops, \
+from . import STRATEGIES, ContextParallelGroups, MlaConfig, _C, _agreement, _error, _hf_forward, _ops, \
     _planned_choice, _check_partition, shard_sequence, unshard_sequence
 from ._hf_forward import GlobalPositions, document_ends as _document_ends
 
@@ -142,14 +142,8 @@ class CpModel:
         """The global tensor from every CP rank's ``local`` shard (e.g. ``out.logits``), in token
         order; with ``inputs`` (the dict :meth:`shard_inputs` returned, or its ``mlacp_positions``)
         without the padding shard_inputs added. A collective over the CP group."""
-        import torch.distributed as dist
-
         local = local.detach().contiguous()
-        shards = [torch.empty_like(local) for _ in range(self.groups.size)]
-        if self.groups.size > 1:
-            dist.all_gather(shards, local, group=self.groups.cp_group)
-        else:
-            shards = [local]
+        shards = _C.all_gather(local, self.groups.cp_group) if self.groups.size > 1 else [local]
         whole = unshard_sequence(shards, self.partition, dim)
         token = inputs.get("mlacp_positions") if isinstance(inputs, dict) else inputs
         if isinstance(token, GlobalPositions) and token.seq_len >= 0:
