@@ -73,6 +73,7 @@ train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   c.strategy = parse_strategy(a.strategy);
   c.partition = parse_partition(a.partition);
   c.overlap = a.overlap;
+  c.recompute = a.recompute;
   c.dtype = parse_dtype(a.dtype);
   c.seq_len = a.seq;
   c.batch = a.batch;
@@ -665,6 +666,9 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   add_plan_hardware_option(layout, args.plan_hardware);
   layout->add_option("--partition", args.partition, "contiguous | head_tail (needs 2P | S)")->capture_default_str();
   layout->add_flag("--overlap", args.overlap, "overlap schedules (identical results)");
+  layout->add_flag("--recompute", args.recompute,
+                   "recompute each decoder layer's activations in its backward: less memory, one more forward "
+                   "(identical results)");
   auto* model = cmd->add_option_group("model and data");
   model->add_option("--preset", args.preset, "decoder preset: small | test")
       ->capture_default_str()

@@ -32,6 +32,7 @@ struct TrainArgs {
   std::string plan_hardware;                // with auto: a profile or hardware file ("": calibrate)
   std::string partition = "head_tail";
   bool overlap = false;
+  bool recompute = false;
   // model and data
   std::string preset = "small";
   bool preset_given = false;  // --preset was on the command line

@@ -7,6 +7,10 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/autograd_node.h"
+#include "core/compat.h"
 #include "mlacp/errors.h"
 #include "mlacp/runtime.h"
 #include "train/data.h"
@@ -27,6 +31,46 @@ std::string attention_parameter(const std::string& name) {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// One decoder layer with its activations recomputed in the backward: the forward runs without a
+// graph (only `hidden` is kept: the caller's tensor, which the next layer's input is anyway); the
+// backward runs the layer again with one and differentiates it for the incoming gradient. Inputs
+// of the node: hidden and every parameter of the layer that requires a gradient.
+at::Tensor recomputed_layer(DecoderLayer layer, const at::Tensor& hidden, const std::vector<MlaForwardOptions>& options) {
+  std::vector<at::Tensor> params;
+  for (const auto& p : layer->parameters())
+    if (p.requires_grad()) params.push_back(p);
+  if (!at::GradMode::is_enabled() || (params.empty() && !hidden.requires_grad())) return layer(hidden, options);
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = layer(hidden, options);
+  }
+  std::vector<at::Tensor> inputs{hidden};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  const SavedForBackward saved({hidden.detach()}, {"decoder layer input"});
+  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture(hidden.device().type());
+  const bool hidden_grad = hidden.requires_grad();
+  const std::shared_ptr<DecoderLayerImpl> impl = layer.ptr();
+  BackwardFn backward = [impl, options, params, saved, autocast, hidden_grad](std::vector<at::Tensor> g) {
+    saved.check("decoder layer recomputation");
+    at::Tensor x = saved[0].detach().requires_grad_(hidden_grad);
+    at::Tensor y;
+    {
+      at::AutoGradMode grad_on(true);
+      const auto autocast_guard = autocast.enter();
+      y = impl->forward(x, options);
+    }
+    std::vector<at::Tensor> wrt;
+    if (hidden_grad) wrt.push_back(x);
+    wrt.insert(wrt.end(), params.begin(), params.end());
+    std::vector<at::Tensor> grads = torch::autograd::grad({y}, wrt, {g[0]}, /*retain_graph=*/false,
+                                                          /*create_graph=*/false, /*allow_unused=*/true);
+    if (!hidden_grad) grads.insert(grads.begin(), at::Tensor());
+    return grads;
+  };
+  return attach_backward(inputs, {out}, "RecomputedDecoderLayer", std::move(backward))[0];
 }
 
 }  // namespace
@@ -200,7 +244,7 @@ at::Tensor DecoderLmImpl::forward(const at::Tensor& tokens, const std::vector<st
   for (size_t b = 0; b < row_options.size(); ++b)
     if (!document_ends[b].empty()) row_options[b].document_ends = document_ends[b];
   at::Tensor h = embed_tokens(tokens);  // [B, S_l, d]
-  for (auto& layer : layers) h = layer(h, row_options);
+  for (auto& layer : layers) h = recompute_ ? recomputed_layer(layer, h, row_options) : layer(h, row_options);
   return lm_head(norm(h));  // [B, S_l, V]
 }
 

@@ -78,6 +78,13 @@ class DecoderLmImpl : public torch::nn::Module {
   // unpacked causal sequence) -> logits [B, S_l, V]
   at::Tensor forward(const at::Tensor& tokens, const std::vector<std::vector<int64_t>>& document_ends);
 
+  // Activation recomputation per decoder layer (train --recompute, docs/DESIGN.md §7): each
+  // layer's forward runs without a graph and keeps only its input; its backward runs the layer
+  // again with one (the same collectives, in the same order on every rank) and backpropagates
+  // through that. The numbers are those of a plain step, to the bit.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+
   // Makes every attention layer run with context parallelism (mlacp::parallelize: TP head
   // sharding, plan, validation, install; the first collective compares plan fingerprints).
   void parallelize(const ParallelGroups& groups, const CpOptions& options);
@@ -100,6 +107,7 @@ class DecoderLmImpl : public torch::nn::Module {
  private:
   void initialise(uint64_t seed);
   DecoderConfig config_;
+  bool recompute_ = false;
 };
 TORCH_MODULE(DecoderLm);
 

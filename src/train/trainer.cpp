@@ -86,6 +86,7 @@ std::string TrainConfig::describe() const {
   out << model.describe() << " | dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
       << " ulysses=" << ulysses_of(mesh) << " strategy=" << strategy_name(strategy)
       << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
+      << " recompute=" << (recompute ? "on" : "off")
       << " | dtype=" << dtype_name(dtype) << " S=" << seq_len << " batch=" << batch << " steps=" << steps
       << " lr=" << optimizer.lr << " warmup=" << optimizer.warmup_steps << " clip=" << optimizer.grad_clip
       << " wd=" << optimizer.weight_decay << " seed=" << seed;
@@ -202,7 +203,12 @@ MemoryEstimate training_memory(const TrainConfig& config) {
   }
   // SwiGLU (gate, up, their product, down) and two RMSNorms per layer, with their gradients.
   saved += tokens * (3.0 * static_cast<double>(model.intermediate_size) + 4.0 * d) * e * 2.0;
-  m.add("saved activations (all layers)", saved * L);
+  if (config.recompute) {  // every layer keeps its input; one layer's activations live again in its backward
+    m.add("layer inputs (all layers)", tokens * d * e * L);
+    m.add("saved activations (one layer, recomputed)", saved);
+  } else {
+    m.add("saved activations (all layers)", saved * L);
+  }
   m.add("attention working set (one layer)", working);
   m.add("logits and their gradient", tokens * static_cast<double>(model.vocab_size) * e * 4.0);
   return m;
@@ -284,6 +290,7 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
   if (prepared.hf_checkpoint) hf_init_ = load_hf_decoder_checkpoint(model_, *prepared.hf_checkpoint);  // before TP
   model_->to(config_.device);  // initialised on the host (the same values everywhere), trained on the device
   if (m.cp > 1 || m.tp > 1) model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap});
+  model_->set_recompute(config_.recompute);
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   const OptimizerConfig& o = config_.optimizer;

@@ -3,6 +3,7 @@
 // exaggerating them more than kMaxOverestimate times, on real multi-rank runs of `mlacp verify`'s
 // cases and of training; and the check's rule and message.
 #include <cstdio>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -96,10 +97,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_c
                          });
 
 TEST(TrainingMemory, EstimateBoundsTheMeasuredPeakOfEveryRank) {
-  for (const MeshShape mesh : {MeshShape{1, 2, 1, 0}, MeshShape{1, 2, 2, 0}}) {
+  for (const auto& layout : {std::pair{MeshShape{1, 2, 1, 0}, false}, std::pair{MeshShape{1, 2, 2, 0}, false},
+                             std::pair{MeshShape{1, 2, 1, 0}, true}}) {
+    const MeshShape mesh = layout.first;
+    const bool recompute = layout.second;  // train --recompute
     train::TrainConfig config = train::test::small_config(at::kFloat, 3, mesh);
     config.seq_len = 512;
     config.batch = 2;
+    config.recompute = recompute;
     const double estimate = train::training_memory(config).total();
     const int world = static_cast<int>(mesh.dp * mesh.cp * mesh.tp);
     EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
@@ -110,8 +115,8 @@ TEST(TrainingMemory, EstimateBoundsTheMeasuredPeakOfEveryRank) {
         while (!trainer.done()) trainer.step();
       }
       const double peak = static_cast<double>(scope.peak_extra_bytes());
-      std::fprintf(stderr, "train tp=%ld rank %d: peak %s, estimate %s (%.2fx)\n", static_cast<long>(mesh.tp), rank,
-                   format_bytes(peak).c_str(), train::training_memory(config).to_text().c_str(), estimate / peak);
+      std::fprintf(stderr, "train tp=%ld recompute=%d rank %d: peak %s, estimate %s (%.2fx)\n", static_cast<long>(mesh.tp), recompute ? 1 : 0,
+                   rank, format_bytes(peak).c_str(), train::training_memory(config).to_text().c_str(), estimate / peak);
       EXPECT_LE(peak, estimate);
       EXPECT_LE(estimate, kMaxOverestimate * peak);
     }));

@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/memory_probe.h"
 #include "mlacp/errors.h"
 #include "train_support.h"
 
@@ -95,6 +96,67 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{"cp2_tp2_latent", {1, 2, 2, 0}, CpStrategy::latent_kv_head, CpPartition::head_tail},
         ParityCase{"dp2_cp2_expanded", {2, 2, 1, 0}, CpStrategy::expanded_ulysses, CpPartition::head_tail}),
     [](const ::testing::TestParamInfo<ParityCase>& info) { return info.param.name; });
+
+// ---- activation recomputation -------------------------------------------------------------
+
+// train --recompute: each decoder layer's backward runs the layer again. The losses and the
+// parameters after every step equal the plain run's to the bit (CP with the overlap schedules,
+// float32 and bf16 autocast, one process), and the step's peak tensor bytes are lower.
+struct RecomputeCase {
+  std::string name;
+  MeshShape mesh;
+  CpStrategy strategy;
+  at::ScalarType dtype;
+};
+
+std::ostream& operator<<(std::ostream& out, const RecomputeCase& c) { return out << c.name; }
+
+class TrainRecompute : public ::testing::TestWithParam<RecomputeCase> {};
+
+TEST_P(TrainRecompute, EqualsThePlainRunToTheBitAndPeaksLower) {
+  const RecomputeCase& rc = GetParam();
+  TrainConfig config = test::small_config(rc.dtype, 3, rc.mesh);
+  config.model.num_layers = 4;
+  config.seq_len = 256;
+  config.strategy = rc.strategy;
+  config.overlap = true;
+  const int world = static_cast<int>(rc.mesh.dp * rc.mesh.cp * rc.mesh.tp);
+  EXPECT_TRUE(mlacp::test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
+    ParallelGroups groups = mlacp::test::make_groups(rank, world_size, store, config.mesh);
+    RunResult runs[2];
+    int64_t peaks[2] = {0, 0};
+    for (int recompute = 0; recompute < 2; ++recompute) {
+      TrainConfig c = config;
+      c.recompute = recompute == 1;
+      Trainer trainer(c, groups);
+      while (!trainer.done()) {
+        MemoryScope scope;  // one step: forward, backward, reduction, optimizer
+        runs[recompute].losses.push_back(trainer.step().loss);
+        peaks[recompute] = std::max(peaks[recompute], scope.peak_extra_bytes());
+      }
+      for (const auto& item : trainer.model()->named_parameters()) {
+        runs[recompute].names.push_back(item.key());
+        runs[recompute].parameters.push_back(item.value().detach().clone());
+      }
+    }
+    EXPECT_EQ(runs[1].losses, runs[0].losses) << "rank " << rank;
+    ASSERT_EQ(runs[1].parameters.size(), runs[0].parameters.size());
+    for (size_t i = 0; i < runs[0].parameters.size(); ++i)
+      EXPECT_TRUE(at::equal(runs[1].parameters[i], runs[0].parameters[i])) << "rank " << rank << " " << runs[0].names[i];
+    if (rank == 0)
+      std::printf("[ recompute] %s: step peak %.2f MiB plain, %.2f MiB recomputed (%.2fx)\n", rc.name.c_str(),
+                  peaks[0] / 1048576.0, peaks[1] / 1048576.0, static_cast<double>(peaks[1]) / peaks[0]);
+    EXPECT_LT(peaks[1], peaks[0]) << "rank " << rank;
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TrainRecompute,
+    ::testing::Values(RecomputeCase{"single_float32", {1, 1, 1, 0}, CpStrategy::latent_kv_head, at::kFloat},
+                      RecomputeCase{"cp2_latent_float32", {1, 2, 1, 0}, CpStrategy::latent_kv_head, at::kFloat},
+                      RecomputeCase{"cp2_expanded_bf16", {1, 2, 1, 0}, CpStrategy::expanded_ulysses, at::kBFloat16},
+                      RecomputeCase{"cp2_tp2_latent_float64", {1, 2, 2, 0}, CpStrategy::latent_kv_head, at::kDouble}),
+    [](const ::testing::TestParamInfo<RecomputeCase>& info) { return info.param.name; });
 
 // ---- float32 and bf16 -----------------------------------------------------------------------
 
