@@ -83,7 +83,6 @@ class DecoderLmImpl : public torch::nn::Module {
   // again with one (the same collectives, in the same order on every rank) and backpropagates
   // through that. The numbers are those of a plain step, to the bit.
   void set_recompute(bool on) { recompute_ = on; }
-  bool recompute() const { return recompute_; }
 
   // Makes every attention layer run with context parallelism (mlacp::parallelize: TP head
   // sharding, plan, validation, install; the first collective compares plan fingerprints).
