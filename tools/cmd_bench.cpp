@@ -144,6 +144,13 @@ std::string joined(const std::set<std::string>& labels) {
   return names;
 }
 
+// The plan bench runs for `strategy` (head_tail; --kv-recompute applies to the latent strategy).
+CpPlanSpec bench_spec(const MlaConfig& cfg, const MeshShape& shape, CpStrategy strategy, const BenchArgs& a) {
+  CpPlanSpec spec = plan_spec_for(cfg, shape, strategy, CpPartition::head_tail, true);
+  spec.kv_recompute = a.kv_recompute && strategy == CpStrategy::latent_kv_head;
+  return spec;
+}
+
 }  // namespace
 
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
@@ -172,6 +179,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& a) {
                 "size the link per strategy so each overlapped transfer takes at most --transfer-fraction of the "
                 "computation under it (measured without a link first)");
   cmd->add_option("--transfer-fraction", a.transfer_fraction, "with --auto-link: transfer time / computation under it");
+  cmd->add_flag("--kv-recompute", a.kv_recompute,
+                "latent strategy: expand K/V a few heads at a time in the forward and again in the backward instead "
+                "of keeping them (less memory, one more kv_b_proj pass, the same values)");
   cmd->add_flag("!--no-pin", a.pin, "do not pin each local rank to its own cores");
   cmd->add_flag("!--no-batch-sched", a.batch_scheduling,
                 "keep the default scheduler (bench runs ranks under SCHED_BATCH: backend threads do not preempt the "
@@ -246,7 +256,11 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   for (const auto& s : a.strategies) b.strategies.push_back(parse_strategy(s));
   if (b.strategies.empty()) b.strategies = {CpStrategy::expanded_ulysses, CpStrategy::latent_kv_head};
   b.shape = MeshShape{1, world_size, 1, ulysses_of(a)};
-  for (CpStrategy s : b.strategies) CpPlan(plan_spec_for(cfg, b.shape, s, CpPartition::head_tail, true));
+  MLACP_REQUIRE(!a.kv_recompute || std::find(b.strategies.begin(), b.strategies.end(), CpStrategy::latent_kv_head) !=
+                                       b.strategies.end(),
+                "bench", "--kv-recompute applies to the latent strategy, which this run does not include",
+                {got("strategies", a.strategies.size())}, "add --strategy latent_kv_head or drop --kv-recompute");
+  for (CpStrategy s : b.strategies) CpPlan(bench_spec(cfg, b.shape, s, a));
   check_shardable(CpPartition::head_tail, a.seq, world_size);
   MLACP_REQUIRE(a.transfer_fraction > 0.0 && a.transfer_fraction <= 4.0, "bench",
                 "--transfer-fraction must be in (0, 4]", {got("transfer_fraction", a.transfer_fraction)},
@@ -260,7 +274,7 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   layer.element_bytes = b.dtype == at::kDouble ? 8 : 4;
   MemoryEstimate estimate, largest;
   for (CpStrategy s : b.strategies) {
-    const CpPlan plan(plan_spec_for(cfg, b.shape, s, CpPartition::head_tail, true));
+    const CpPlan plan(bench_spec(cfg, b.shape, s, a));
     const MemoryEstimate m = layer_memory(plan, layer);
     if (m.total() > largest.total()) largest = m;
     estimate.add("other modules' parameters", 2.0 * layer_parameter_elements(plan, layer) * layer.element_bytes);
@@ -354,7 +368,9 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     MlaAttention modules[2] = {make_case_module(vc, param_dtype), make_case_module(vc, param_dtype)};
     for (int overlap = 0; overlap < 2; ++overlap) {
       modules[overlap]->to(device);
-      parallelize(modules[overlap], groups, {strategy, CpPartition::head_tail, overlap == 1});
+      parallelize(modules[overlap], groups,
+                  {strategy, CpPartition::head_tail, overlap == 1, AttentionKernel::blockwise,
+                   a.kv_recompute && strategy == CpStrategy::latent_kv_head});
     }
     std::array<std::vector<StepSample>, 2> samples;
     for (int i = 0; i < a.warmup + steps; ++i) {
@@ -382,7 +398,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   json rows = json::array();
   bool all_met = true;
   for (CpStrategy s : strategies) {
-    const CpPlan plan(plan_spec_for(cfg, groups.shape, s, CpPartition::head_tail, true));  // U as the hosts set it
+    const CpPlan plan(bench_spec(cfg, groups.shape, s, a));  // U as the hosts set it
+    const std::string label = strategy_name(s) + (plan.kv_recompute() ? " kv_recompute" : "");
     const std::set<std::string> labels = overlapped_labels(plan, cfg, device.type());
     *groups.instruments.link = fixed_link;
     if (a.auto_link) {
@@ -422,14 +439,14 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
       for (const StepSample& st : steps) peaks.push_back(st.peak_bytes);
       const double peak_bytes = median(peaks);
       const double fraction = comm_ms > 0 ? exposed_ms / comm_ms : 0.0;
-      table.add({strategy_name(s), overlap ? "on" : "off",
+      table.add({label, overlap ? "on" : "off",
                  link.bandwidth_bytes_per_second > 0 ? fixed(link.bandwidth_bytes_per_second / 1e9, 3) : "none",
                  fixed(step_ms, 2), fixed(bytes_of_kind(steps, CollectiveKind::all_to_all) / 1024.0, 1),
                  fixed(bytes_of_kind(steps, CollectiveKind::all_gather) / 1024.0, 1),
                  fixed(bytes_of_kind(steps, CollectiveKind::reduce_scatter) / 1024.0, 1), fixed(formula_kb, 1),
                  fixed(comm_ms, 2), fixed(exposed_ms, 2), fixed(100.0 * fraction, 1), fixed(sum(blocked) / 1000.0, 2),
                  device.is_cpu() ? fixed(peak_bytes / (1024.0 * 1024.0), 1) : "-"});
-      rows.push_back({{"strategy", strategy_name(s)}, {"overlap", overlap == 1},
+      rows.push_back({{"strategy", strategy_name(s)}, {"kv_recompute", plan.kv_recompute()}, {"overlap", overlap == 1},
                       {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_second},
                       {"link_latency_s", link.latency_seconds}, {"median_step_ms", step_ms},
                       {"bytes_all_to_all", bytes_of_kind(steps, CollectiveKind::all_to_all)},
@@ -447,7 +464,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     const OverlapSummary o = summarize_overlap(off, on, labels, link_us);
     const bool met = o.met();
     all_met = all_met && met;
-    criteria.add({strategy_name(s), joined(labels), fixed(o.max_transfer_to_compute, 2), fixed(o.comm_us / 1000.0, 2),
+    criteria.add({label, joined(labels), fixed(o.max_transfer_to_compute, 2), fixed(o.comm_us / 1000.0, 2),
                   fixed(o.exposed_on_us / 1000.0, 2), fixed(o.hidden_percent(), 1), fixed(o.exposed_off_us / 1000.0, 2),
                   fixed(o.saved_us / 1000.0, 2), fixed(o.saved_percent(), 1), fixed(o.paired_saved_us / 1000.0, 2),
                   met ? "yes" : "no"});

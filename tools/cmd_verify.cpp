@@ -63,6 +63,8 @@ void add_adhoc_options(CLI::App* cmd, AdHocCase& a) {
   g->add_option("--kernel", a.kernel, "blockwise | reference (alias naive) | pieces: the CP runtime's attention kernel");
   g->add_option("--reference-kernel", a.reference_kernel, "reference (alias naive) | blockwise: the single-device oracle's kernel");
   g->add_flag("--reference-rank0", a.reference_rank0, "rank 0 alone computes the reference (long sequences)");
+  g->add_flag("--kv-recompute", a.kv_recompute,
+              "latent strategy: expand K/V a few heads at a time, again in the backward (keeps the latent only)");
   g->add_option("--overlap", a.overlap, "true | false: the overlap schedule (also compared with the plain one)")
       ->check(CLI::IsMember({"true", "false", "1", "0"}));
   g->add_option("--dtype", a.dtype, "float64 | float32 | bfloat16 (autocast)");
@@ -141,6 +143,7 @@ CpCase build_adhoc(const AdHocCase& a, int64_t world_size, bool read_weights) {
   if (a.kernel) c.kernel = parse_kernel(*a.kernel);
   if (a.reference_kernel) c.reference_kernel = parse_kernel(*a.reference_kernel);
   c.reference_on_rank0 = a.reference_rank0;
+  c.kv_recompute = a.kv_recompute;
   return c;
 }
 

@@ -52,6 +52,7 @@ struct AdHocCase {
   std::optional<bool> overlap;
   std::optional<std::string> kernel, reference_kernel;
   bool reference_rank0 = false;
+  bool kv_recompute = false;     // latent strategy: K/V expanded per head sub-block (CpPlanSpec::kv_recompute)
   std::string checkpoint;         // HuggingFace checkpoint folder: its config and one layer's weights
   std::optional<int64_t> layer;   // that layer (default 0)
   bool preset_given = false;      // --preset was on the command line
@@ -88,6 +89,7 @@ struct BenchArgs {
   double transfer_fraction = 0.5;
   bool pin = true;
   bool batch_scheduling = true;  // ranks under SCHED_BATCH (--no-batch-sched: default scheduler)
+  bool kv_recompute = false;     // latent strategy: K/V expanded per head sub-block, again in the backward
   std::string json_path, trace_dir;
   int timeout_s = 120;
   DeviceArgs device;  // --device, --backend

@@ -74,6 +74,7 @@ train::TrainConfig build_config(const TrainArgs& a, int64_t world_size) {
   c.partition = parse_partition(a.partition);
   c.overlap = a.overlap;
   c.recompute = a.recompute;
+  c.kv_recompute = a.kv_recompute;
   c.dtype = parse_dtype(a.dtype);
   c.seq_len = a.seq;
   c.batch = a.batch;
@@ -669,6 +670,9 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   layout->add_flag("--recompute", args.recompute,
                    "recompute each decoder layer's activations in its backward: less memory, one more forward "
                    "(identical results)");
+  layout->add_flag("--kv-recompute", args.kv_recompute,
+                   "latent strategy: expand each layer's K/V a few heads at a time, again in the backward, instead of "
+                   "keeping them (less memory, one more kv_b_proj pass, identical results)");
   auto* model = cmd->add_option_group("model and data");
   model->add_option("--preset", args.preset, "decoder preset: small | test")
       ->capture_default_str()
@@ -762,11 +766,51 @@ int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
   return run_train(with, chosen);
 }
 
+// When the run's estimate exceeds the memory limit: the recomputation that makes it fit, the
+// cheapest first: the latent strategy's K/V (--kv-recompute, one more kv_b_proj pass per layer),
+// each decoder layer (--recompute, one more forward), both. The launcher decides for all its ranks
+// and hands the flags on; under torchrun each rank would decide alone, so there they stay the
+// user's. Nothing fits: unchanged (the memory check then names the estimate and the ways out).
+int launch_within_memory(const CommonArgs& common, const TrainArgs& args) {
+  const MemoryLimit limit = memory_limit(common);
+  if (args.device.cuda() || !limit.enforced) return run_launcher(common, args);
+  const train::TrainConfig config = prepare_rank(args, args.nproc, args.nproc).config;
+  const double ranks = static_cast<double>(args.nproc);
+  auto need = [&](bool kv, bool layers) {
+    train::TrainConfig c = config;
+    c.kv_recompute = c.kv_recompute || kv;
+    c.recompute = c.recompute || layers;
+    return train::training_memory(c).total() * ranks;
+  };
+  if (need(false, false) <= limit.bytes) return run_launcher(common, args);
+  const bool kv_possible = config.strategy == CpStrategy::latent_kv_head && config.mesh.cp > 1 && !config.kv_recompute;
+  const std::pair<bool, bool> choices[] = {{true, false}, {false, true}, {true, true}};
+  for (const auto& [kv, layers] : choices) {
+    if ((kv && !kv_possible) || (layers && config.recompute) || need(kv, layers) > limit.bytes) continue;
+    CommonArgs with = common;
+    TrainArgs chosen = args;
+    std::string flags;
+    for (const auto& [on, flag] : {std::pair<bool, const char*>{kv, "--kv-recompute"}, {layers, "--recompute"}}) {
+      if (!on) continue;
+      with.argv.push_back(flag);
+      flags += (flags.empty() ? "" : " ") + std::string(flag);
+    }
+    chosen.kv_recompute = chosen.kv_recompute || kv;
+    chosen.recompute = chosen.recompute || layers;
+    std::cout << "train: memory: the estimate " << format_bytes(need(false, false)) << " for " << args.nproc
+              << " ranks exceeds the limit " << format_bytes(limit.bytes) << " (" << limit.source << "); with " << flags
+              << " it is " << format_bytes(need(kv, layers)) << ": running with " << flags << "\n"
+              << std::flush;
+    return run_launcher(with, chosen);
+  }
+  return run_launcher(common, args);
+}
+
 int run_train(const CommonArgs& common, const TrainArgs& args) {
   if (args.strategy == "auto" || args.ulysses == "auto") return run_train_auto(common, args);
   if (launched_as_rank()) return args.compare ? run_compare_as_rank(common, args) : run_as_rank(common, args);
   if (args.compare) return run_compare(common, args);
-  return run_launcher(common, args);
+  return launch_within_memory(common, args);
 }
 
 }  // namespace mlacp::tools

@@ -33,6 +33,7 @@ struct TrainArgs {
   std::string partition = "head_tail";
   bool overlap = false;
   bool recompute = false;
+  bool kv_recompute = false;
   // model and data
   std::string preset = "small";
   bool preset_given = false;  // --preset was on the command line

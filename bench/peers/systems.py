@@ -94,11 +94,12 @@ class HfSingle(System):
 
 
 class Mlacp(System):
-    def __init__(self, strategy: str, ulysses: Optional[int] = None):
+    def __init__(self, strategy: str, ulysses: Optional[int] = None, kv_recompute: bool = False):
         self.strategy = strategy
         self.ulysses = ulysses
+        self.kv_recompute = kv_recompute
         short = "latent" if strategy == "latent_kv_head" else "expanded"
-        self.name = f"mlacp {short}" + (f" U={ulysses}" if ulysses else "")
+        self.name = f"mlacp {short}" + (f" U={ulysses}" if ulysses else "") + (" kv-recompute" if kv_recompute else "")
         self.partition = "head_tail"
 
     def setup(self, layer, p, rank):
@@ -115,7 +116,7 @@ class Mlacp(System):
         self.core = self.mla.core
         self.weights = [self.layer.get_parameter(n) for n in self.mla.parameter_names]
         self.plan = self.mla.parallelize(self.groups, strategy=self.strategy, partition="head_tail", overlap=True,
-                                         kernel="blockwise")
+                                         kernel="blockwise", kv_recompute=self.kv_recompute)
 
     def forward(self, x, cos, sin):
         return self.mla(x, self.weights, cos=cos, sin=sin, training=True)
@@ -272,7 +273,8 @@ class TorchContextParallel(System):
 
 def all_systems(p: int):
     """Every system of the comparison at CP size P, the baseline first."""
-    systems = [HfSingle(), Mlacp("latent_kv_head"), Mlacp("expanded_ulysses")]
+    systems = [HfSingle(), Mlacp("latent_kv_head"), Mlacp("latent_kv_head", kv_recompute=True),
+               Mlacp("expanded_ulysses")]
     if p >= 4:
         systems += [Mlacp("latent_kv_head", 2), Mlacp("expanded_ulysses", 2)]
     systems.append(DeepSpeedUlysses())

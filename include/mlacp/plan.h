@@ -44,6 +44,10 @@ struct CpPlanSpec {
   bool overlap = false;
   CpPartition partition = CpPartition::contiguous;
   AttentionKernel kernel = AttentionKernel::blockwise;
+  // Latent strategy, blockwise kernel: K/V of the head block expanded from the gathered latent a
+  // few heads at a time in the forward and again in the backward, never kept for it (docs/DESIGN.md
+  // §5, "K/V recompute"). Less memory per rank, one more kv_b_proj pass; the same values.
+  bool kv_recompute = false;
 };
 
 class CpPlan {
@@ -60,6 +64,10 @@ class CpPlan {
   bool overlap() const { return spec_.overlap; }
   CpPartition partition() const { return spec_.partition; }
   AttentionKernel kernel() const { return spec_.kernel; }
+  bool kv_recompute() const { return spec_.kv_recompute; }
+  // Heads kv_recompute expands at a time: a sub-block's K/V no wider than the latent (Rkv + Dr
+  // values a token), at least one head, at most the head block.
+  int64_t kv_recompute_heads() const;
   int64_t local_heads() const { return spec_.dims.heads / spec_.tp; }          // H
   int64_t head_block_size() const { return local_heads() / spec_.ulysses; }      // Hc = H / U
   // Grid position of a CP rank: Ulysses rank u = r % U, all-gather index a = r / U.

@@ -27,6 +27,7 @@ struct CpOptions {
   CpPartition partition = CpPartition::head_tail;
   bool overlap = true;
   AttentionKernel kernel = AttentionKernel::blockwise;
+  bool kv_recompute = false;  // CpPlanSpec::kv_recompute (latent strategy, CPU blockwise kernel)
 };
 
 // The one entry point: shards the module's heads over TP when the groups have tp > 1 (unless

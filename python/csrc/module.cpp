@@ -90,17 +90,19 @@ PYBIND11_MODULE(_C, m) {
           "parallelize",
           [](Layer& l, const ProcessGroupPtr& cp_group, int64_t ulysses, const ProcessGroupPtr& ulysses_group,
              const ProcessGroupPtr& all_gather_group, const std::string& strategy, const std::string& partition,
-             bool overlap, const std::string& kernel) {
+             bool overlap, const std::string& kernel, bool kv_recompute) {
             mlacp::CpOptions options;
             options.strategy = mlacp::parse_strategy(strategy);
             options.partition = mlacp::parse_partition(partition);
             options.overlap = overlap;
             options.kernel = mlacp::parse_kernel(kernel);
+            options.kv_recompute = kv_recompute;
             py::gil_scoped_release release;
             return l.parallelize(cp_group, ulysses, ulysses_group, all_gather_group, options);
           },
           py::kw_only(), py::arg("cp_group"), py::arg("ulysses"), py::arg("ulysses_group"), py::arg("all_gather_group"),
           py::arg("strategy"), py::arg("partition"), py::arg("overlap"), py::arg("kernel"),
+          py::arg("kv_recompute") = false,
           "Installs CP over torch.distributed groups (one fingerprint collective); returns the plan's text.")
       .def(
           "forward",

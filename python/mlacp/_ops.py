@@ -59,12 +59,15 @@ class Layer:
     def core(self) -> "_C.Layer":
         return _LAYERS[self.id]
 
-    def parallelize(self, groups, *, strategy: str, partition: str, overlap: bool, kernel: str) -> str:
+    def parallelize(self, groups, *, strategy: str, partition: str, overlap: bool, kernel: str,
+                    kv_recompute: bool = False) -> str:
         """Installs CP over ``groups`` (:class:`mlacp.ContextParallelGroups`); one fingerprint
-        collective. Returns the plan's text."""
+        collective. Returns the plan's text. ``kv_recompute``: the latent strategy expands K/V a
+        few heads at a time, again in the backward, instead of keeping them (docs/DESIGN.md §5.5)."""
         return self.core.parallelize(cp_group=groups.cp_group, ulysses=groups.ulysses,
                                      ulysses_group=groups.ulysses_group, all_gather_group=groups.all_gather_group,
-                                     strategy=strategy, partition=partition, overlap=overlap, kernel=kernel)
+                                     strategy=strategy, partition=partition, overlap=overlap, kernel=kernel,
+                                     kv_recompute=kv_recompute)
 
     def __call__(self, hidden: torch.Tensor, weights: Sequence[torch.Tensor], *, cos: torch.Tensor, sin: torch.Tensor,
                  document_ends: Optional[torch.Tensor] = None, training: bool = True) -> torch.Tensor:

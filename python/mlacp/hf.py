@@ -39,7 +39,7 @@ class CpModel:
 
     Attributes:
         groups: the CP groups.
-        strategy, partition, overlap, kernel: the options every layer runs with.
+        strategy, partition, overlap, kernel, kv_recompute: the options every layer runs with.
         plans: layer name -> the plan text of its C++ runtime.
     """
 
@@ -49,6 +49,7 @@ class CpModel:
     partition: str
     overlap: bool
     kernel: str
+    kv_recompute: bool = False
     plans: Dict[str, str] = field(default_factory=dict)
     _layers: List[_ops.Layer] = field(default_factory=list, repr=False)
     _unsharded: int = 0
@@ -211,7 +212,7 @@ def attention_config(config) -> MlaConfig:
 def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, strategy: str = "latent_kv_head",
                       partition: str = "head_tail", overlap: bool = True, kernel: str = "blockwise",
                       seq_len: Optional[int] = None, batch: int = 1, plan_hardware: str = "calibrate",
-                      bandwidth_gbps: Optional[float] = None) -> CpModel:
+                      bandwidth_gbps: Optional[float] = None, kv_recompute: bool = False) -> CpModel:
     """Makes every DeepSeek MLA attention layer of ``model`` run with context parallelism.
 
     Args:
@@ -231,6 +232,10 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
         partition: ``"head_tail"`` (balanced causal work) or ``"contiguous"``.
         overlap: hide communication behind computation (same results bit for bit).
         kernel: ``"blockwise"`` (flash-style) or ``"reference"`` (naive; for checking).
+        kv_recompute: with the latent strategy and the blockwise kernel on the CPU, expand each
+            layer's K/V a few heads at a time in the forward and again in the backward instead of
+            keeping them (less memory per rank, one more kv_b_proj pass, the same values;
+            docs/DESIGN.md §5.5).
 
     Every rank must call it with the same model config and options (a plan fingerprint is
     compared across the CP group: a mismatch is an error on every rank, not a hang).
@@ -261,7 +266,7 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
         strategy = _planned_choice(groups, config, seq_len=seq_len, batch=batch, dtype=dtype, ulysses=groups.ulysses,
                                    partitions=[partition], overlap=bool(overlap), hardware=plan_hardware,
                                    bandwidth_gbps=bandwidth_gbps)["strategy"]
-    handle = CpModel(model, groups, strategy, partition, overlap, kernel)
+    handle = CpModel(model, groups, strategy, partition, overlap, kernel, kv_recompute)
     for name, attention in layers:
         version = 2 if any(c.__name__ == "DeepseekV2Attention" for c in type(attention).__mro__) else 3
         params = dict(attention.named_parameters())
@@ -282,7 +287,7 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
             raise _error(_WHAT, "the softmax scale mlacp derives differs from the model's", {
                 "mlacp": config.scaling, "model": float(attention.scaling)}, "check rope_parameters (YaRN mscale)")
         handle.plans[name] = layer.parallelize(groups, strategy=strategy, partition=partition, overlap=overlap,
-                                               kernel=kernel)
+                                               kernel=kernel, kv_recompute=kv_recompute)
         handle._layers.append(layer)
         _hf_forward.install_attention(attention, layer, handle)
     base._mlacp = handle

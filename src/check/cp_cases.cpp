@@ -32,6 +32,13 @@ CpCase with_docs(CpCase c) {
   return c;
 }
 
+// The latent strategy with K/V recomputed per head sub-block (runtime/latent_kv_attention.h).
+CpCase kv_recomputed(CpCase c) {
+  c.name += "-kv-recompute";
+  c.kv_recompute = true;
+  return c;
+}
+
 }  // namespace
 
 std::vector<CpCase> exactness_cp_cases() {
@@ -121,6 +128,54 @@ std::vector<CpCase> exactness_cp_cases() {
       cases.push_back(c);
     }
   }
+  // K/V recompute: every kind of input it handles differently (sub-blocks of one head and of two
+  // with a remainder, biases, frozen kv_b_proj or input, bf16 autocast, documents, empty rows).
+  const CpStrategy latent = CpStrategy::latent_kv_head;
+  cases.push_back(kv_recomputed(make("latent-u1-head_tail-causal", latent, 4, 1, CpPartition::head_tail, true)));
+  cases.push_back(kv_recomputed(make("latent-u4-contiguous-full", latent, 4, 4, CpPartition::contiguous, false)));
+  cases.push_back(kv_recomputed(with_docs(make("latent-u2-head_tail", latent, 4, 2, CpPartition::head_tail, true))));
+  {
+    CpCase c = make("latent-u2-six-heads-two-per-block", latent, 4, 2, CpPartition::head_tail, true);
+    c.base.config.num_heads = 6;      // Hc = 3: sub-blocks of 2 and 1 heads
+    c.base.config.kv_lora_rank = 16;  // (Rkv + Dr) / (Dqk + Dv) = 18 / 9 = 2 heads a sub-block
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-u2-band-masked-row", latent, 4, 2, CpPartition::contiguous, false);
+    c.base.band_width = 5;
+    c.base.masked_rows = {9, 30};
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-tp2-cp2-bias", latent, 2, 2, CpPartition::contiguous, true);
+    c.mesh.tp = 2;
+    c.base.config.attention_bias = true;
+    c.base.config.up_proj_bias = true;
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-u2-frozen-down", latent, 4, 2, CpPartition::contiguous, true);
+    c.frozen = {"q_a_proj", "kv_b_proj"};
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-u1-frozen-input-out", latent, 4, 1, CpPartition::head_tail, true);
+    c.frozen = {"hidden", "o_proj"};
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-u2-bf16", latent, 4, 2, CpPartition::head_tail, true, 64);
+    c.dtype = at::kBFloat16;
+    cases.push_back(kv_recomputed(c));
+  }
+  {
+    CpCase c = make("latent-u2-float32-noqlatent-bias", latent, 4, 2, CpPartition::contiguous, true);
+    c.dtype = at::kFloat;
+    c.base.config.q_lora_rank = std::nullopt;
+    c.base.config.attention_bias = true;
+    c.base.config.up_proj_bias = true;
+    cases.push_back(kv_recomputed(c));
+  }
   return cases;
 }
 
@@ -151,7 +206,7 @@ std::vector<CpCase> default_cp_cases(int64_t world_size) {
 std::vector<CpCase> pieces_cp_cases() {
   std::vector<CpCase> cases;
   for (CpCase c : exactness_cp_cases()) {
-    if (c.kernel != AttentionKernel::blockwise) continue;
+    if (c.kernel != AttentionKernel::blockwise || c.kv_recompute) continue;  // kv_recompute: CPU blockwise only
     c.kernel = AttentionKernel::pieces;
     c.name += "-via-pieces";
     cases.push_back(c);

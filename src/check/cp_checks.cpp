@@ -104,7 +104,8 @@ std::string CpCase::describe() const {
   out << name << ": dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
       << " ulysses=" << (mesh.ulysses ? mesh.ulysses : mesh.cp) << " strategy=" << strategy_name(strategy)
       << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
-      << " kernel=" << kernel_name(kernel) << " reference=" << kernel_name(reference_kernel)
+      << " kernel=" << kernel_name(kernel) << (kv_recompute ? " kv_recompute=on" : "")
+      << " reference=" << kernel_name(reference_kernel)
       << (reference_on_rank0 ? " reference_on=rank0" : "") << " dtype=" << dtype_name(dtype) << " B=" << base.batch << " S=" << base.seq_len
       << " causal=" << (base.causal.value_or(cfg.causal) ? "yes" : "no") << " heads=" << cfg.num_heads
       << " hidden=" << cfg.hidden_size << " Rq=" << (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none")
@@ -183,7 +184,10 @@ void validate_cp_case(const CpCase& c, int64_t world_size) {
                 {got("batch", c.base.batch), got("dp", c.mesh.dp)}, "choose a batch that dp divides");
   MLACP_REQUIRE(c.dtype == at::kDouble || c.dtype == at::kFloat || c.dtype == at::kBFloat16, kWhat,
                 "dtype must be float64, float32 or bfloat16", {got("dtype", dtype_name(c.dtype))}, "");
-  CpPlan plan(plan_spec_for(c.base.config, c.mesh, c.strategy, c.partition, c.overlap));  // plan rules
+  CpPlanSpec spec = plan_spec_for(c.base.config, c.mesh, c.strategy, c.partition, c.overlap);
+  spec.kernel = c.kernel;
+  spec.kv_recompute = c.kv_recompute;
+  CpPlan plan(spec);  // plan rules (kv_recompute: latent strategy, blockwise kernel)
   check_shardable(c.partition, c.base.seq_len, c.mesh.cp);
 }
 
@@ -218,7 +222,7 @@ CpRun run_cp_once(const CpCase& c, ParallelGroups& groups, bool overlap,
   MlaAttention module = make_case_module(c.base, param_dtype);
   freeze(c, module);
   module->to(device);
-  parallelize(module, groups, {c.strategy, c.partition, overlap, c.kernel});
+  parallelize(module, groups, {c.strategy, c.partition, overlap, c.kernel, c.kv_recompute});
   CaseInputs global = inputs_on(make_case_inputs(c.base, param_dtype), device);
   at::Tensor hidden = mine(global.hidden).detach().clone().requires_grad_(!is_frozen(c, "hidden"));
   at::Tensor weight = mine(global.output_weight);
@@ -257,6 +261,7 @@ MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device) {
   shape.element_bytes = bytes_of(c.dtype);
   CpPlanSpec cp_spec = plan_spec_for(cfg, c.mesh, c.strategy, c.partition, c.overlap);
   cp_spec.kernel = c.kernel;
+  cp_spec.kv_recompute = c.kv_recompute;
   const MemoryEstimate cp_run = cp_run_on_device ? MemoryEstimate{} : layer_memory(CpPlan(cp_spec), shape);
   // The oracle: the whole batch on one rank with the reference's kernel, float64 (float32 for a
   // float32 case computed on rank 0 alone); a bf16 case also runs float32 under autocast.

@@ -25,6 +25,7 @@ struct CpCase {
   at::ScalarType dtype = at::kDouble;  // kBFloat16: float32 parameters under bf16 autocast
   std::vector<std::string> frozen;     // parameter-name prefixes frozen; "hidden" freezes the input
   AttentionKernel kernel = AttentionKernel::blockwise;        // the CP runtime's local kernel
+  bool kv_recompute = false;                                  // CpPlanSpec::kv_recompute (latent strategy)
   AttentionKernel reference_kernel = AttentionKernel::reference;  // the single-device oracle's
   bool reference_on_rank0 = false;  // long sequences: rank 0 alone computes the reference and shares it
   std::string describe() const;        // one line with every parameter

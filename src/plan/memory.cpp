@@ -97,8 +97,10 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
   if (s.output_gate) act += T * H * 2;
   // What the exchange brings in: queries of Hc heads for U shards, K/V of Hc heads over S.
   double exchanged = Tq * Hc * Dqk + Tq * Hc * (Dv + 1);  // Q, O and its log-sum-exp
+  // kv_recompute: K/V of one sub-block of heads at a time, never kept (CpPlan::kv_recompute_heads).
+  const double Hkv = plan.kv_recompute() ? static_cast<double>(plan.kv_recompute_heads()) : Hc;
   if (plan.strategy() == CpStrategy::latent_kv_head)
-    exchanged += Tk * (Rkv + Dr) * 2 + Tk * Hc * (Dn + Dv) + Tk * Hc * (Dqk + Dv);  // latent, up-projected, K/V
+    exchanged += Tk * (Rkv + Dr) * 2 + Tk * Hkv * (Dn + Dv) + Tk * Hkv * (Dqk + Dv);  // latent, up-projected, K/V
   else
     exchanged += T * H * (Dqk + Dv) + Tk * Hc * (Dqk + Dv);  // local K/V, gathered K/V
   m.add("activations", (act + exchanged) * e * (s.backward ? 2.0 : 1.0));  // + their gradients
@@ -109,7 +111,7 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
     const double pairs = Tq * Hc * S;
     m.add("S x S scores (reference kernel)", pairs * (e * (s.backward ? 5.0 : 3.0) + 1.0));
   } else {
-    m.add("kernel buffers", Tk * Hc * (Dqk + Dv) * e * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
+    m.add("kernel buffers", Tk * Hkv * (Dqk + Dv) * e * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
   }
   return m;
 }

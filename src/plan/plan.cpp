@@ -1,5 +1,6 @@
 #include "mlacp/plan.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -78,13 +79,25 @@ CpPlan::CpPlan(const CpPlanSpec& spec) : spec_(spec) {
   MLACP_REQUIRE(d.heads % (spec_.tp * spec_.ulysses) == 0, kWhat, "heads must be divisible by tp * ulysses",
                 {got("heads", d.heads), got("tp", spec_.tp), got("ulysses", spec_.ulysses)},
                 "lower U (a hybrid layout all-gathers the rest) or change tp");
+  MLACP_REQUIRE(!spec_.kv_recompute || (spec_.strategy == CpStrategy::latent_kv_head &&
+                                        spec_.kernel == AttentionKernel::blockwise),
+                kWhat, "kv_recompute needs the latent strategy and the blockwise kernel",
+                {got("strategy", strategy_name(spec_.strategy)), got("kernel", kernel_name(spec_.kernel))},
+                "use --strategy latent with the blockwise kernel, or turn kv_recompute off (the expanded strategy "
+                "exchanges K/V and keeps them)");
+}
+
+int64_t CpPlan::kv_recompute_heads() const {
+  const PlanDims& d = spec_.dims;
+  return std::clamp<int64_t>((d.kv_rank + d.rope_dim) / (d.qk_dim() + d.value_dim), 1, head_block_size());
 }
 
 std::string CpPlan::to_text() const {
   const PlanDims& d = spec_.dims;
   std::ostringstream out;
   out << "CpPlan strategy=" << strategy_name(spec_.strategy) << " partition=" << partition_name(spec_.partition)
-      << " overlap=" << (spec_.overlap ? "on" : "off") << " kernel=" << kernel_name(spec_.kernel) << "\n"
+      << " overlap=" << (spec_.overlap ? "on" : "off") << " kernel=" << kernel_name(spec_.kernel)
+      << (spec_.kv_recompute ? " kv_recompute=on" : "") << "\n"
       << "  degrees  tp=" << spec_.tp << " cp(P)=" << spec_.cp << " ulysses(U)=" << spec_.ulysses
       << " all_gather(A)=" << all_gather() << "\n"
       << "  dims     heads=" << d.heads << " Rq=" << d.q_rank << " Rkv=" << d.kv_rank << " Dn=" << d.nope_dim
@@ -107,6 +120,7 @@ std::string CpPlan::to_json() const {
   j["overlap"] = spec_.overlap;
   j["partition"] = partition_name(spec_.partition);
   j["kernel"] = kernel_name(spec_.kernel);
+  if (spec_.kv_recompute) j["kv_recompute"] = true;  // absent when off: earlier plans keep their fingerprint
   j["local_heads"] = local_heads();
   j["head_block_size"] = head_block_size();
   return j.dump();

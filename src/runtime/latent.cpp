@@ -14,6 +14,15 @@
 //
 // Both forms split the attention's query rows the same way (this rank's own rows first: they are
 // local before the Q exchange completes), so their results are identical to the bit.
+//
+// With kv_recompute (runtime/latent_kv_attention.h) kv_b_proj and the attention are one step that
+// expands K/V a few heads at a time and again in the backward; the overlapped form's node then
+// runs from the latents to the attention output:
+//   forward:   launch latent gather | q_b_proj+RoPE | wait gather | launch Q |
+//              [per sub-block: kv_b_proj, attention of own rows] | wait Q | [per sub-block: the others]
+//   backward:  per sub-block: kv_b_proj, attention backward, kv_b_proj dgrad (and wgrad but the
+//              last) | launch dQ, launch dlatent reduce-scatter | last wgrad | wait dQ |
+//              q_b_proj+RoPE backward | wait reduce-scatter
 #include <ATen/ATen.h>
 
 #include "core/autograd_node.h"
@@ -24,6 +33,7 @@
 #include "kernels/segmented_attention.h"
 #include "model/mla_layer.h"
 #include "runtime/collective_ops.h"
+#include "runtime/latent_kv_attention.h"
 #include "runtime/output_stage.h"
 #include "runtime/schedule.h"
 
@@ -72,12 +82,50 @@ class RowSplitAttention {
   std::unique_ptr<SegmentedAttention> segmented_;
 };
 
+// The overlapped forms' start: launch the latent gather, q_b_proj+RoPE under it, wait it, launch
+// the Q exchange. The stages keep their graphs for the node's backward.
+struct LatentExchanges {
+  std::shared_ptr<Stage> payload, query;  // [kv_latent | key rope] [B,S_l,Rkv+Dr]; Q [B,S_l,H,Dqk]
+  at::Tensor gathered;                    // [B,S,Rkv+Dr]
+  AsyncHandle q_exchange;                 // -> [B,U*S_l,Hc,Dqk]
+};
+LatentExchanges launch_latent_exchanges(const ScheduleContext& ctx, const LocalStep& step) {
+  LatentExchanges x;
+  x.payload = std::make_shared<Stage>("latent_payload", std::vector<at::Tensor>{step.latents.kv_latent, step.key_rope},
+                                      std::vector<at::Tensor>{}, [](const std::vector<at::Tensor>& in) {
+                                        return std::vector<at::Tensor>{latent_payload(in[0], in[1])};
+                                      });
+  AsyncHandle gather;
+  {
+    at::NoGradGuard no_grad;
+    gather = launch_all_gather_seq(ctx.groups.cp, x.payload->output(0).detach(), transfer_name(Transfer::latent));
+  }
+  x.query = query_stage(ctx, step);
+  at::NoGradGuard no_grad;
+  x.gathered = gather.wait_one();
+  x.q_exchange = launch_seq_to_head(ctx.groups.ulysses, x.query->output(0).detach(), transfer_name(Transfer::q));
+  return x;
+}
+
 class LatentSchedule final : public CpSchedule {
  public:
-  LatentSchedule(bool overlap, bool ulysses, bool own_rows) : overlap_(overlap), ulysses_(ulysses), own_rows_(own_rows) {}
-  std::string name() const override { return overlap_ ? "latent_kv_head (overlapped)" : "latent_kv_head (plain)"; }
+  LatentSchedule(bool overlap, bool ulysses, bool own_rows, bool kv_recompute)
+      : overlap_(overlap), ulysses_(ulysses), own_rows_(own_rows), kv_recompute_(kv_recompute) {}
+  std::string name() const override {
+    return std::string(overlap_ ? "latent_kv_head (overlapped)" : "latent_kv_head (plain)") +
+           (kv_recompute_ ? " kv_recompute" : "");
+  }
   std::vector<OverlappedTransfer> overlapped_transfers() const override {
     if (!overlap_) return {};
+    if (kv_recompute_) {
+      const std::vector<std::string> under_dlatent{"kv_b_proj_wgrad", "q_b_proj_rope_backward"};
+      if (!ulysses_) return {{Transfer::latent, {"q_b_proj_rope"}}, {Transfer::dlatent, under_dlatent}};
+      return {{Transfer::latent, {"q_b_proj_rope"}},
+              {Transfer::q, {"kv_b_proj", "attention_own_rows"}},
+              {Transfer::dq, {"kv_b_proj_wgrad"}},
+              {Transfer::dlatent, under_dlatent},
+              {Transfer::d_o, {"o_proj_wgrad"}}};
+    }
     if (!ulysses_) return {{Transfer::latent, {"q_b_proj_rope"}}, {Transfer::dlatent, {"kv_b_proj_wgrad"}}};
     return {{Transfer::latent, {"q_b_proj_rope"}},
             {Transfer::q, own_rows_ ? std::vector<std::string>{"kv_b_proj", "attention_own_rows"}
@@ -87,15 +135,34 @@ class LatentSchedule final : public CpSchedule {
             {Transfer::d_o, {"o_proj_wgrad"}}};
   }
   at::Tensor forward(const ScheduleContext& ctx, const LocalStep& step) override {
+    if (kv_recompute_) return overlap_ ? overlapped_recompute(ctx, step) : plain_recompute(ctx, step);
     return overlap_ ? overlapped(ctx, step) : plain(ctx, step);
   }
 
  private:
   at::Tensor plain(const ScheduleContext& ctx, const LocalStep& step);
   at::Tensor overlapped(const ScheduleContext& ctx, const LocalStep& step);
+  at::Tensor plain_recompute(const ScheduleContext& ctx, const LocalStep& step);
+  at::Tensor overlapped_recompute(const ScheduleContext& ctx, const LocalStep& step);
   bool overlap_, ulysses_;  // ulysses_: U > 1 (queries take the seq->head exchange)
   bool own_rows_;           // blockwise kernel: own query rows attend under the Q exchange
+  bool kv_recompute_;       // K/V expanded per sub-block, again in the backward (CPU blockwise kernel)
 };
+
+// The K/V-recompute attention of this rank's head block over the gathered latent, its own query
+// rows computed from the local query [B,S_l,H,Dqk] now (both forms, so they split rows alike).
+std::unique_ptr<LatentKvAttention> start_recompute(const ScheduleContext& ctx, const LocalStep& step,
+                                                   const at::Tensor& latent, const at::Tensor& key_rope,
+                                                   const at::Tensor& weight, const at::Tensor& bias,
+                                                   const at::Tensor& query_local) {
+  const int64_t local_len = query_local.size(1), rows = ctx.groups.ulysses.size() * local_len;
+  const int64_t u = ctx.plan.ulysses_rank(ctx.groups.cp_rank), heads = ctx.plan.head_block_size();
+  auto a = std::make_unique<LatentKvAttention>(ctx.module.config(), ctx.plan.kv_recompute_heads(), latent, key_rope,
+                                               weight, bias, ctx.module.scaling(), step.structure, rows,
+                                               ctx.groups.instruments.timeline.get());
+  a->compute_rows(query_local.detach().narrow(2, u * heads, heads), u * local_len);
+  return a;
+}
 
 at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
   MlaAttentionImpl& m = ctx.module;
@@ -132,24 +199,11 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   Timeline* tl = ctx.groups.instruments.timeline.get();
 
   // --- forward ---
-  auto payload = std::make_shared<Stage>("latent_payload", std::vector<at::Tensor>{step.latents.kv_latent, step.key_rope},
-                                         std::vector<at::Tensor>{}, [](const std::vector<at::Tensor>& x) {
-                                           return std::vector<at::Tensor>{latent_payload(x[0], x[1])};
-                                         });
-  AsyncHandle gather;
-  {
-    at::NoGradGuard no_grad;
-    gather = launch_all_gather_seq(cp, payload->output(0).detach(), transfer_name(Transfer::latent));
-  }
-  const std::shared_ptr<Stage> query_stage = mlacp::query_stage(ctx, step);  // [B,S_l,H,Dqk]
-  const at::Tensor& query = query_stage->output(0);
-  at::Tensor gathered;  // [B,S,Rkv+Dr]
-  AsyncHandle q_exchange;
-  {
-    at::NoGradGuard no_grad;
-    gathered = gather.wait_one();
-    q_exchange = launch_seq_to_head(ulysses, query.detach(), transfer_name(Transfer::q));
-  }
+  LatentExchanges x = launch_latent_exchanges(ctx, step);
+  const std::shared_ptr<Stage> payload = x.payload, query_stage = x.query;
+  const at::Tensor& query = query_stage->output(0);  // [B,S_l,H,Dqk]
+  const at::Tensor gathered = x.gathered;            // [B,S,Rkv+Dr]
+  AsyncHandle q_exchange = std::move(x.q_exchange);
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
   auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
   // Contiguous like the plain form's kv_b_proj input: same operand layout, same GEMM kernels.
@@ -235,10 +289,104 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   return output_stage(ctx, step, attention.finish(waited[0], waited[1], waited[2]), {}, /*overlap=*/true);
 }
 
+at::Tensor LatentSchedule::plain_recompute(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  const MlaConfig& c = m.config();
+  at::Tensor query;
+  {
+    ComputeSpan span(ctx.groups.instruments.timeline.get(), "q_b_proj_rope");
+    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);  // [B,S_l,H,Dqk]
+  }
+  at::Tensor q_heads = seq_to_head(ctx.groups.ulysses, {query}, Transfer::q)[0];  // [B,U*S_l,Hc,Dqk]
+  at::Tensor gathered = all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),
+                                       Transfer::latent);  // [B,S,Rkv+Dr]
+  std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
+  // Both dense, as the overlapped form's: the same GEMM operands, and no view keeps the gathered
+  // payload alive for the backward.
+  const at::Tensor latent = parts[0].contiguous(), key_rope = parts[1].contiguous();
+  parts.clear();
+  gathered = at::Tensor();
+  const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
+  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
+  auto attention = start_recompute(ctx, step, latent, key_rope, weight, bias, query);
+  const at::Tensor out = attention->finish(q_heads, latent, key_rope, weight, bias);  // [B,U*S_l,Hc,Dv]
+  return output_stage(ctx, step, out, {}, /*overlap=*/false);
+}
+
+at::Tensor LatentSchedule::overlapped_recompute(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  const MlaConfig& c = m.config();
+  const CommGroup &ulysses = ctx.groups.ulysses, &cp = ctx.groups.cp;
+  Timeline* tl = ctx.groups.instruments.timeline.get();
+
+  // --- forward ---
+  LatentExchanges x = launch_latent_exchanges(ctx, step);
+  const std::shared_ptr<Stage> payload = x.payload, query_stage = x.query;
+  at::Tensor gathered = std::move(x.gathered);  // [B,S,Rkv+Dr]
+  AsyncHandle q_exchange = std::move(x.q_exchange);
+  const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
+  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
+  const at::Tensor latent = gathered.narrow(-1, 0, c.kv_lora_rank).contiguous();  // [B,S,Rkv]
+  const at::Tensor key_rope = gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim).contiguous();  // [B,S,Dr]
+  gathered = at::Tensor();  // both parts are dense copies: the payload is not kept
+  // This rank's own rows while the other ranks' rows fly.
+  std::shared_ptr<LatentKvAttention> attention =
+      start_recompute(ctx, step, latent, key_rope, weight.detach(), bias.defined() ? bias.detach() : at::Tensor(),
+                      query_stage->output(0));
+  at::Tensor q_heads;  // [B,U*S_l,Hc,Dqk]
+  {
+    at::NoGradGuard no_grad;
+    q_heads = q_exchange.wait_one();
+  }
+  at::Tensor out = attention->finish_rows(q_heads);  // [B,U*S_l,Hc,Dv]
+
+  // --- the node: inputs kv_latent, key_rope, query_latent, query params, kv_b_proj rows ---
+  const bool has_bias = bias.defined(), needs_payload = payload->requires_grad(), needs_query = query_stage->requires_grad();
+  const LatentKvAttention::Needs needs{needs_query, needs_payload,
+                                       weight.requires_grad() || (has_bias && bias.requires_grad())};
+  std::vector<at::Tensor> inputs = payload->inputs();
+  append(inputs, query_stage->inputs());
+  inputs.push_back(weight);
+  if (has_bias) inputs.push_back(bias);
+  const size_t query_inputs = query_stage->inputs().size();
+  BackwardFn backward = [=](std::vector<at::Tensor> g) -> std::vector<at::Tensor> {
+    attention->check_saved();
+    AsyncHandle d_query, reduce;
+    // Per sub-block backward; once dQ and the latent's gradient are complete, launch both
+    // exchanges under the last sub-block's wgrad (the attention's own state is freed by then).
+    at::Tensor d_out = std::move(g[0]);
+    g.clear();
+    auto launch = [&](LatentKvAttention::Grads& x) {
+      if (needs_query) d_query = launch_head_to_seq(ulysses, x.dq, transfer_name(Transfer::dq));
+      if (needs_payload) {
+        at::Tensor d_payload = at::cat({x.d_latent, x.d_key_rope.to(x.d_latent.scalar_type())}, -1);
+        x.d_latent = x.d_key_rope = at::Tensor();
+        reduce = launch_reduce_scatter_seq(cp, d_payload, transfer_name(Transfer::dlatent));
+      }
+      x.dq = at::Tensor();  // the launched exchanges hold their own buffers
+    };
+    LatentKvAttention::Grads grads = attention->backward(std::move(d_out), needs, launch, /*last_use=*/true);
+    std::vector<at::Tensor> query_grads(query_inputs);  // wait dQ, q_b_proj+RoPE backward (under the reduce-scatter)
+    if (needs_query) {
+      at::Tensor dq = d_query.wait_one();
+      ComputeSpan span(tl, "q_b_proj_rope_backward");
+      query_grads = query_stage->backprop({dq});
+    }
+    std::vector<at::Tensor> out = needs_payload ? payload->backprop({reduce.wait_one()}) : std::vector<at::Tensor>(2);
+    append(out, query_grads);
+    out.push_back(grads.d_weight);
+    if (has_bias) out.push_back(grads.d_bias);
+    return out;
+  };
+  std::vector<at::Tensor> attended = attach_backward(inputs, {out}, "LatentScheduleKvRecompute", std::move(backward));
+  for (Stage* s : {payload.get(), query_stage.get()}) s->release_outputs();
+  return output_stage(ctx, step, attended[0], {}, /*overlap=*/true);
+}
+
 }  // namespace
 
-std::unique_ptr<CpSchedule> make_latent_schedule(bool overlap, bool ulysses, bool own_rows) {
-  return std::make_unique<LatentSchedule>(overlap, ulysses, own_rows);
+std::unique_ptr<CpSchedule> make_latent_schedule(bool overlap, bool ulysses, bool own_rows, bool kv_recompute) {
+  return std::make_unique<LatentSchedule>(overlap, ulysses, own_rows, kv_recompute);
 }
 
 }  // namespace mlacp

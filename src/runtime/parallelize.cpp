@@ -95,6 +95,9 @@ void install_context_parallel(MlaAttention& module, const CpPlan& plan, const Pa
                   "module to the groups' device");
   }
 
+  // device: kv_recompute runs the CPU blockwise kernel (a GPU's attention is the fused kernels')
+  MLACP_REQUIRE(!plan.kv_recompute() || device.is_cpu(), kWhat, "kv_recompute runs the CPU blockwise kernel",
+                {got("module.device", device)}, "turn kv_recompute off on this device");
   // First collectives: every rank must hold the same plan.
   compare_fingerprints(groups.cp, "CP", plan.fingerprint());
   compare_fingerprints(groups.tp, "TP", plan.fingerprint());
@@ -109,6 +112,7 @@ CpPlan parallelize(MlaAttention& module, const ParallelGroups& groups, const CpO
                 "pass a module sharded for this TP degree, or an unsharded one (parallelize shards it)");
   CpPlanSpec spec = plan_spec_for(module->config(), groups.shape, options.strategy, options.partition, options.overlap);
   spec.kernel = options.kernel;
+  spec.kv_recompute = options.kv_recompute;
   const CpPlan plan(spec);  // the plan's own rules (degrees, heads divisible by tp*U, ...)
   install_context_parallel(module, plan, groups);
   return plan;

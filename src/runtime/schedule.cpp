@@ -13,14 +13,16 @@ namespace mlacp {
 // Defined next to each schedule (one file per strategy).
 std::unique_ptr<CpSchedule> make_expanded_ulysses_schedule(bool overlap, bool gate);
 std::unique_ptr<CpSchedule> make_expanded_hybrid_schedule(bool overlap, bool ulysses);
-std::unique_ptr<CpSchedule> make_latent_schedule(bool overlap, bool ulysses, bool own_rows);
+std::unique_ptr<CpSchedule> make_latent_schedule(bool overlap, bool ulysses, bool own_rows, bool kv_recompute);
 
 std::unique_ptr<CpSchedule> make_schedule(const CpPlan& plan, const MlaConfig& config, c10::DeviceType device) {
   const bool overlap = plan.overlap() && plan.cp() > 1;
   // Own query rows first: the CPU blockwise kernel's row segments (docs/DESIGN.md §5, §16).
   // device: the own-rows split is the CPU blockwise kernel's
   const bool own_rows = plan.kernel() == AttentionKernel::blockwise && device == c10::DeviceType::CPU;
-  if (plan.strategy() == CpStrategy::latent_kv_head) return make_latent_schedule(overlap, plan.ulysses() > 1, own_rows);
+  if (plan.strategy() == CpStrategy::latent_kv_head) {
+    return make_latent_schedule(overlap, plan.ulysses() > 1, own_rows, plan.kv_recompute());
+  }
   if (plan.all_gather() == 1) return make_expanded_ulysses_schedule(overlap, config.output_gate);
   return make_expanded_hybrid_schedule(overlap, plan.ulysses() > 1);
 }

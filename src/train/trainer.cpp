@@ -86,7 +86,7 @@ std::string TrainConfig::describe() const {
   out << model.describe() << " | dp=" << mesh.dp << " cp=" << mesh.cp << " tp=" << mesh.tp
       << " ulysses=" << ulysses_of(mesh) << " strategy=" << strategy_name(strategy)
       << " partition=" << partition_name(partition) << " overlap=" << (overlap ? "on" : "off")
-      << " recompute=" << (recompute ? "on" : "off")
+      << " recompute=" << (recompute ? "on" : "off") << (kv_recompute ? " kv_recompute=on" : "")
       << " | dtype=" << dtype_name(dtype) << " S=" << seq_len << " batch=" << batch << " steps=" << steps
       << " lr=" << optimizer.lr << " warmup=" << optimizer.warmup_steps << " clip=" << optimizer.grad_clip
       << " wd=" << optimizer.weight_decay << " seed=" << seed;
@@ -191,8 +191,9 @@ MemoryEstimate training_memory(const TrainConfig& config) {
   layer.q_latent = attention.q_lora_rank.has_value();
   layer.output_gate = attention.output_gate;
   layer.element_bytes = static_cast<int64_t>(e);
-  const CpPlan plan(plan_spec_for(attention, config.mesh, config.strategy, config.partition, config.overlap));
-  const MemoryEstimate attn = layer_memory(plan, layer);
+  CpPlanSpec spec = plan_spec_for(attention, config.mesh, config.strategy, config.partition, config.overlap);
+  spec.kv_recompute = config.kv_recompute;
+  const MemoryEstimate attn = layer_memory(CpPlan(spec), layer);
   const double tokens = static_cast<double>(layer.batch) * static_cast<double>(config.seq_len) /
                         static_cast<double>(std::max<int64_t>(1, config.mesh.cp));
   const double d = static_cast<double>(attention.hidden_size), L = static_cast<double>(model.num_layers);
@@ -224,7 +225,9 @@ PreparedTraining prepare_training(const TrainConfig& config, int64_t world_size)
   c.model.validate();
   check_mesh_shape(c.mesh, world_size);  // dp * cp * tp == world, cp % ulysses == 0
   c.mesh.ulysses = ulysses_of(c.mesh);
-  const CpPlan plan(plan_spec_for(c.model.attention, c.mesh, c.strategy, c.partition, c.overlap));  // heads % (tp*U)
+  CpPlanSpec spec = plan_spec_for(c.model.attention, c.mesh, c.strategy, c.partition, c.overlap);
+  spec.kv_recompute = c.kv_recompute;
+  const CpPlan plan(spec);  // heads % (tp*U); kv_recompute only with the latent strategy
   MLACP_REQUIRE(c.seq_len > 0, kWhat, "sequence length must be > 0", {got("seq_len", c.seq_len)}, "pass --seq N");
   check_shardable(c.partition, c.seq_len, c.mesh.cp);
   MLACP_REQUIRE(c.batch >= 1 && c.batch % c.mesh.dp == 0, kWhat,
@@ -289,7 +292,9 @@ Trainer::Trainer(PreparedTraining prepared, const ParallelGroups& groups)
   model_ = DecoderLm(config_.model, param_dtype, config_.seed);  // same values on every rank
   if (prepared.hf_checkpoint) hf_init_ = load_hf_decoder_checkpoint(model_, *prepared.hf_checkpoint);  // before TP
   model_->to(config_.device);  // initialised on the host (the same values everywhere), trained on the device
-  if (m.cp > 1 || m.tp > 1) model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap});
+  if (m.cp > 1 || m.tp > 1)
+    model_->parallelize(groups_, {config_.strategy, config_.partition, config_.overlap, AttentionKernel::blockwise,
+                                  config_.kv_recompute});
   model_->set_recompute(config_.recompute);
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);

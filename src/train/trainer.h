@@ -52,6 +52,7 @@ struct TrainConfig {
   CpPartition partition = CpPartition::head_tail;
   bool overlap = false;
   bool recompute = false;  // recompute each decoder layer's activations in the backward (identical results)
+  bool kv_recompute = false;  // latent strategy: K/V expanded per head sub-block, again in the backward
   at::ScalarType dtype = at::kFloat;  // kDouble, kFloat, or kBFloat16 (float32 parameters, bf16 autocast)
   // Where the model, the batches and the optimizer state live (this rank's GPU for --device cuda;
   // the groups must move tensors there). bf16 autocast runs on this device's type.

@@ -2,7 +2,8 @@
 torch's checkpoint_wrapper, reentrant and not) with one and with two forwards (a packed batch, then
 a plain one) before one backward, three AdamW steps: every parameter gradient and the parameters after each
 step equal the unpatched model's on one process (float64, <= 1e-10 relative), and a checkpointed forward keeps no layer graph alive (the
-recomputation makes its own)."""
+recomputation makes its own). With kv_recompute (each layer's K/V expanded again in its backward) the same
+holds, checkpointed or not."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -34,8 +35,8 @@ def _worker(rank, world, how, forwards):
     groups = mlacp.ContextParallelGroups(dist.group.WORLD)
     reference = models.tiny_model(models.tiny_config(), torch.float64)
     model = models.clone(reference)
-    cp = mlacp.hf.parallelize_model(model, groups)
-    _enable(model, how)
+    cp = mlacp.hf.parallelize_model(model, groups, kv_recompute=how.endswith("+kv-recompute"))
+    _enable(model, how.split("+")[0])
     opt, opt_ref = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(reference.parameters(), lr=1e-2)
     ref_params = dict(reference.named_parameters())
     worst, graphs = 0.0, []
@@ -74,7 +75,8 @@ def _worker(rank, world, how, forwards):
 _UNCHECKPOINTED = {}
 
 
-@pytest.mark.parametrize("how", ["none", "hf", "hf-reentrant", "torch", "torch-reentrant"])
+@pytest.mark.parametrize("how", ["none", "hf", "hf-reentrant", "torch", "torch-reentrant", "none+kv-recompute",
+                                 "hf+kv-recompute"])
 def test_checkpointed_forwards_equal_one_process(how):
     layers = models.tiny_config().num_hidden_layers
     for forwards in (1, 2):
@@ -82,12 +84,15 @@ def test_checkpointed_forwards_equal_one_process(how):
             params = r.pop("params")
             print(how, forwards, r)
             # recomputation reproduces each forward bit for bit: the same training as without checkpointing
-            if how == "none":
-                _UNCHECKPOINTED[(forwards, rank)] = params
-            elif (forwards, rank) in _UNCHECKPOINTED:
-                same = _UNCHECKPOINTED[(forwards, rank)]
+            # (kv_recompute sums the kv_b_proj gradients per head block: compared with its own baseline)
+            checkpointing, kv = how.split("+")[0], how.endswith("+kv-recompute")
+            if checkpointing == "none":
+                _UNCHECKPOINTED[(kv, forwards, rank)] = params
+            elif (kv, forwards, rank) in _UNCHECKPOINTED:
+                same = _UNCHECKPOINTED[(kv, forwards, rank)]
                 assert all(torch.equal(params[n], same[n]) for n in same), (how, forwards)
             assert r["grad"] <= 1e-10 and r["param_drift"] <= 1e-10, (how, forwards, r)
             assert r["graphs_after_backward"] == 0, (how, forwards, r)
-            expected = [layers * (i + 1) for i in range(forwards)] * STEPS if how == "none" else [0] * forwards * STEPS
+            expected = ([layers * (i + 1) for i in range(forwards)] * STEPS if checkpointing == "none"
+                        else [0] * forwards * STEPS)
             assert r["graphs_after_forwards"] == expected, (how, forwards, r)

@@ -58,12 +58,13 @@ void expect_declared_overlaps(const std::vector<std::string>& order, const CpPla
 }
 
 std::vector<std::string> one_step(int rank, int world, const std::string& store, CpStrategy strategy, bool gate,
-                                  AttentionKernel kernel = AttentionKernel::blockwise, int64_t ulysses = 0) {
+                                  AttentionKernel kernel = AttentionKernel::blockwise, int64_t ulysses = 0,
+                                  bool kv_recompute = false) {
   ParallelGroups g = test::make_groups(rank, world, store, MeshShape{1, world, 1, ulysses});
   VerifyCase c{"order", preset_config("tiny")};
   c.config.output_gate = gate;
   MlaAttention m = make_case_module(c, at::kDouble);
-  const CpPlan plan = parallelize(m, g, {strategy, CpPartition::contiguous, /*overlap=*/true, kernel});
+  const CpPlan plan = parallelize(m, g, {strategy, CpPartition::contiguous, /*overlap=*/true, kernel, kv_recompute});
   at::Tensor x = at::randn({1, 4, 12}, at::kDouble).requires_grad_(true);
   g.instruments.timeline->set_enabled(true);
   m->forward(x).sum().backward();
@@ -122,6 +123,25 @@ TEST(OverlapOrder, Latent) {
     // the kv_b_proj weight-gradient GEMM and waited after it.
     expect_in_order(order, {"launch:dO", "compute:o_proj_wgrad", "wait:dO", "launch:dq", "compute:kv_b_proj_dgrad",
                             "launch:dlatent", "compute:kv_b_proj_wgrad", "wait:dlatent", "wait:dq"});
+  }));
+}
+
+TEST(OverlapOrder, LatentWithKvRecompute) {
+  EXPECT_TRUE(test::run_ranks(2, [](int rank, int world, const std::string& store) {
+    const auto order = one_step(rank, world, store, CpStrategy::latent_kv_head, false, AttentionKernel::blockwise, 0,
+                                /*kv_recompute=*/true);
+    // Forward: each sub-block's K/V (tiny: Hc = 2 heads, one a sub-block) expanded for the own
+    // rows under the Q exchange, and again for the other rows after it.
+    expect_in_order(order, {"launch:latent", "compute:q_b_proj_rope", "wait:latent", "launch:q", "compute:kv_b_proj",
+                            "compute:attention_own_rows", "compute:kv_b_proj", "compute:attention_own_rows", "wait:q",
+                            "compute:kv_b_proj", "compute:attention", "compute:kv_b_proj", "compute:attention"});
+    // Backward: per sub-block K/V again, its attention backward and dgrad; dQ and the latent's
+    // reduce-scatter leave before the last wgrad; the q_b_proj backward runs under the latter.
+    expect_in_order(order, {"launch:dO", "compute:o_proj_wgrad", "wait:dO", "compute:kv_b_proj",
+                            "compute:attention_backward", "compute:kv_b_proj_dgrad", "compute:kv_b_proj_wgrad",
+                            "compute:kv_b_proj", "compute:attention_backward", "compute:kv_b_proj_dgrad", "launch:dq",
+                            "launch:dlatent", "compute:kv_b_proj_wgrad", "wait:dq", "compute:q_b_proj_rope_backward",
+                            "wait:dlatent"});
   }));
 }
 

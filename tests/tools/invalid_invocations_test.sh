@@ -96,7 +96,8 @@ row "--backend" bench --nproc 2 --backend mpi
 # Runs whose memory estimate exceeds the host (or --memory-limit): rejected before any allocation.
 row "the run's memory estimate exceeds the limit" verify --nproc 1 --seq 16384
 row "the run's memory estimate exceeds the limit" verify --nproc 2 --heads 100000000
-row "the run's memory estimate exceeds the limit" train --nproc 2 --layers 1024 --seq 8192 --steps 1
+# (--seq 131072: over the limit even with --kv-recompute and --recompute, which the launcher would choose)
+row "the run's memory estimate exceeds the limit" train --nproc 2 --layers 1024 --seq 131072 --steps 1
 row "the run's memory estimate exceeds the limit" bench --nproc 2 --seq 1000000
 row "the run's memory estimate exceeds the limit" bench-kernel --seq 4000000 --heads 64
 row "limit=1.00 MiB (--memory-limit 0.0009765625)" --memory-limit 0.0009765625 bench --nproc 2 --steps 1

@@ -35,6 +35,7 @@ struct ParityCase {
   MeshShape mesh;
   CpStrategy strategy;
   CpPartition partition;
+  bool kv_recompute = false;
 };
 
 std::ostream& operator<<(std::ostream& out, const ParityCase& c) { return out << c.name; }
@@ -60,6 +61,7 @@ TEST_P(TrainParity, LossesAndFinalParametersEqualTheSingleProcessRun) {
   config.strategy = pc.strategy;
   config.partition = pc.partition;
   config.overlap = true;  // the overlap schedules must give identical results
+  config.kv_recompute = pc.kv_recompute;
   const std::string reference = reference_path();
   const int world = static_cast<int>(pc.mesh.dp * pc.mesh.cp * pc.mesh.tp);
   EXPECT_TRUE(mlacp::test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
@@ -92,6 +94,8 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{"cp4_expanded_contiguous", {1, 4, 1, 0}, CpStrategy::expanded_ulysses, CpPartition::contiguous},
         ParityCase{"cp4_latent_head_tail", {1, 4, 1, 0}, CpStrategy::latent_kv_head, CpPartition::head_tail},
         ParityCase{"cp4_hybrid_u2_latent", {1, 4, 1, 2}, CpStrategy::latent_kv_head, CpPartition::head_tail},
+        ParityCase{"cp4_hybrid_u2_latent_kv_recompute", {1, 4, 1, 2}, CpStrategy::latent_kv_head,
+                   CpPartition::head_tail, true},
         ParityCase{"cp4_hybrid_u2_expanded", {1, 4, 1, 2}, CpStrategy::expanded_ulysses, CpPartition::contiguous},
         ParityCase{"cp2_tp2_latent", {1, 2, 2, 0}, CpStrategy::latent_kv_head, CpPartition::head_tail},
         ParityCase{"dp2_cp2_expanded", {2, 2, 1, 0}, CpStrategy::expanded_ulysses, CpPartition::head_tail}),
