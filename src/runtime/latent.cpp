@@ -164,32 +164,46 @@ std::unique_ptr<LatentKvAttention> start_recompute(const ScheduleContext& ctx, c
   return a;
 }
 
-at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
+// The plain forms' start: q_b_proj+RoPE, the Q exchange, then the latent gather split into the
+// dense latent [B,S,Rkv] and key rope [B,S,Dr]. Dense, as the overlapped forms' operands: the bf16
+// GEMMs (oneDNN) choose their kernel, hence their summation order, by the operands' strides, so a
+// view of the gathered payload (row stride Rkv+Dr) would round kv_b_proj differently (DESIGN.md
+// §5); and no view keeps the gathered payload alive for the backward.
+struct PlainExchanges {
+  at::Tensor query;     // [B,S_l,H,Dqk]
+  at::Tensor q_heads;   // [B,U*S_l,Hc,Dqk]
+  at::Tensor latent;    // [B,S,Rkv]
+  at::Tensor key_rope;  // [B,S,Dr]
+};
+PlainExchanges plain_exchanges(const ScheduleContext& ctx, const LocalStep& step) {
   MlaAttentionImpl& m = ctx.module;
   const MlaConfig& c = m.config();
-  Timeline* tl = ctx.groups.instruments.timeline.get();
-  at::Tensor query;
+  PlainExchanges x;
   {
-    ComputeSpan span(tl, "q_b_proj_rope");
-    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);  // [B,S_l,H,Dqk]
+    ComputeSpan span(ctx.groups.instruments.timeline.get(), "q_b_proj_rope");
+    x.query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);
   }
-  at::Tensor q_heads = seq_to_head(ctx.groups.ulysses, {query}, Transfer::q)[0];        // [B,U*S_l,Hc,Dqk]
-  at::Tensor gathered = all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),
-                                       Transfer::latent);                                // [B,S,Rkv+Dr]
-  std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
+  x.q_heads = seq_to_head(ctx.groups.ulysses, {x.query}, Transfer::q)[0];
+  const at::Tensor gathered =
+      all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope), Transfer::latent);
+  x.latent = gathered.narrow(-1, 0, c.kv_lora_rank).contiguous();
+  x.key_rope = gathered.narrow(-1, c.kv_lora_rank, c.qk_rope_head_dim).contiguous();
+  return x;
+}
+
+at::Tensor LatentSchedule::plain(const ScheduleContext& ctx, const LocalStep& step) {
+  MlaAttentionImpl& m = ctx.module;
+  const PlainExchanges x = plain_exchanges(ctx, step);
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
   at::Tensor key, value;
   {
-    ComputeSpan span(tl, "kv_b_proj");
-    // kv_b_proj takes the latent contiguous, as the overlapped form does (latent_all): the bf16
-    // GEMMs (oneDNN) choose their kernel, hence their summation order, by the operands' strides,
-    // so the split view (row stride Rkv+Dr) would round the wgrad differently (DESIGN.md §5).
-    std::tie(key, value) = MlaLayer::expand_key_value(m, parts[0].contiguous(), parts[1], begin,
+    ComputeSpan span(ctx.groups.instruments.timeline.get(), "kv_b_proj");
+    std::tie(key, value) = MlaLayer::expand_key_value(m, x.latent, x.key_rope, begin,
                                                       begin + ctx.plan.head_block_size());  // [B,S,Hc,*]
   }
   RowSplitAttention attention(ctx, step, key, value);
-  attention.start(query);
-  return output_stage(ctx, step, attention.finish(q_heads, key, value), {}, /*overlap=*/false);
+  attention.start(x.query);
+  return output_stage(ctx, step, attention.finish(x.q_heads, key, value), {}, /*overlap=*/false);
 }
 
 at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalStep& step) {
@@ -290,26 +304,11 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
 }
 
 at::Tensor LatentSchedule::plain_recompute(const ScheduleContext& ctx, const LocalStep& step) {
-  MlaAttentionImpl& m = ctx.module;
-  const MlaConfig& c = m.config();
-  at::Tensor query;
-  {
-    ComputeSpan span(ctx.groups.instruments.timeline.get(), "q_b_proj_rope");
-    query = MlaLayer::expand_query(m, step.latents.query_latent, step.rope);  // [B,S_l,H,Dqk]
-  }
-  at::Tensor q_heads = seq_to_head(ctx.groups.ulysses, {query}, Transfer::q)[0];  // [B,U*S_l,Hc,Dqk]
-  at::Tensor gathered = all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),
-                                       Transfer::latent);  // [B,S,Rkv+Dr]
-  std::vector<at::Tensor> parts = gathered.split_with_sizes({c.kv_lora_rank, c.qk_rope_head_dim}, -1);
-  // Both dense, as the overlapped form's: the same GEMM operands, and no view keeps the gathered
-  // payload alive for the backward.
-  const at::Tensor latent = parts[0].contiguous(), key_rope = parts[1].contiguous();
-  parts.clear();
-  gathered = at::Tensor();
+  const PlainExchanges x = plain_exchanges(ctx, step);
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
-  auto [weight, bias] = MlaLayer::kv_up_rows(m, begin, begin + ctx.plan.head_block_size());
-  auto attention = start_recompute(ctx, step, latent, key_rope, weight, bias, query);
-  const at::Tensor out = attention->finish(q_heads, latent, key_rope, weight, bias);  // [B,U*S_l,Hc,Dv]
+  auto [weight, bias] = MlaLayer::kv_up_rows(ctx.module, begin, begin + ctx.plan.head_block_size());
+  auto attention = start_recompute(ctx, step, x.latent, x.key_rope, weight, bias, x.query);
+  const at::Tensor out = attention->finish(x.q_heads, x.latent, x.key_rope, weight, bias);  // [B,U*S_l,Hc,Dv]
   return output_stage(ctx, step, out, {}, /*overlap=*/false);
 }
 
