@@ -458,8 +458,8 @@ int launch_with_progress(int nproc, const std::vector<std::string>& args, const 
   return status;
 }
 
-int run_launcher(const CommonArgs& common, const TrainArgs& args) {
-  const train::PreparedTraining prepared = prepare_rank(args, args.nproc, args.nproc);  // errors once, before any launch
+// `prepared`: prepare_rank of `args` (errors once, before any launch).
+int run_launcher(const CommonArgs& common, const TrainArgs& args, const train::PreparedTraining& prepared) {
   if (!args.device.cuda()) check_run_memory(common, kWhat, train::training_memory(prepared.config), args.nproc);
   const int64_t resumed = prepared.resume_from ? prepared.resume_from->step : 0;
   const std::string follow = temp_log_path("progress");
@@ -773,8 +773,9 @@ int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
 // user's. Nothing fits: unchanged (the memory check then names the estimate and the ways out).
 int launch_within_memory(const CommonArgs& common, const TrainArgs& args) {
   const MemoryLimit limit = memory_limit(common);
-  if (args.device.cuda() || !limit.enforced) return run_launcher(common, args);
-  const train::TrainConfig config = prepare_rank(args, args.nproc, args.nproc).config;
+  train::PreparedTraining prepared = prepare_rank(args, args.nproc, args.nproc);
+  if (args.device.cuda() || !limit.enforced) return run_launcher(common, args, prepared);
+  const train::TrainConfig config = prepared.config;
   const double ranks = static_cast<double>(args.nproc);
   auto need = [&](bool kv, bool layers) {
     train::TrainConfig c = config;
@@ -782,7 +783,7 @@ int launch_within_memory(const CommonArgs& common, const TrainArgs& args) {
     c.recompute = c.recompute || layers;
     return train::training_memory(c).total() * ranks;
   };
-  if (need(false, false) <= limit.bytes) return run_launcher(common, args);
+  if (need(false, false) <= limit.bytes) return run_launcher(common, args, prepared);
   const bool kv_possible = config.strategy == CpStrategy::latent_kv_head && config.mesh.cp > 1 && !config.kv_recompute;
   const std::pair<bool, bool> choices[] = {{true, false}, {false, true}, {true, true}};
   for (const auto& [kv, layers] : choices) {
@@ -801,9 +802,11 @@ int launch_within_memory(const CommonArgs& common, const TrainArgs& args) {
               << " ranks exceeds the limit " << format_bytes(limit.bytes) << " (" << limit.source << "); with " << flags
               << " it is " << format_bytes(need(kv, layers)) << ": running with " << flags << "\n"
               << std::flush;
-    return run_launcher(with, chosen);
+    prepared.config.kv_recompute = chosen.kv_recompute;
+    prepared.config.recompute = chosen.recompute;
+    return run_launcher(with, chosen, prepared);
   }
-  return run_launcher(common, args);
+  return run_launcher(common, args, prepared);
 }
 
 int run_train(const CommonArgs& common, const TrainArgs& args) {
