@@ -172,6 +172,11 @@ std::vector<StepRecord> read_step_log(const std::string& path, bool drop_torn_la
 }
 
 MemoryEstimate training_memory(const TrainConfig& config) {
+  // A step's peak is the larger of two moments (docs/DESIGN.md §8, "Training"): the loss's backward
+  // begins (every layer's saved activations, or only its input under --recompute, and the logits'
+  // buffers) or a layer's backward runs (what the layers before it keep, its own activations, again
+  // under --recompute, and the gradients its backward makes). Parameters, their gradients and
+  // AdamW's state live throughout.
   const DecoderConfig& model = config.model;
   const MlaConfig& attention = model.attention;
   const double e = config.dtype == at::kDouble ? 8.0 : 4.0;  // bf16: float32 parameters and activations
@@ -182,8 +187,11 @@ MemoryEstimate training_memory(const TrainConfig& config) {
     parameters += n;
   }
   MemoryEstimate m;
-  // Parameters, gradients, AdamW's exp_avg and exp_avg_sq, and a checkpoint's copy being written.
-  m.add("parameters, gradients and optimizer state", parameters * e * 5.0);
+  // Parameters, gradients, AdamW's exp_avg and exp_avg_sq; a checkpoint's copy while one is written.
+  const bool checkpoints = !config.checkpoint_dir.empty();
+  m.add(checkpoints ? "parameters, gradients, optimizer state and a checkpoint's copy"
+                    : "parameters, gradients and optimizer state",
+        parameters * e * (checkpoints ? 5.0 : 4.0));
   LayerShape layer;
   layer.batch = config.batch / std::max<int64_t>(1, config.mesh.dp);
   layer.seq_len = config.seq_len;
@@ -191,27 +199,43 @@ MemoryEstimate training_memory(const TrainConfig& config) {
   layer.q_latent = attention.q_lora_rank.has_value();
   layer.output_gate = attention.output_gate;
   layer.element_bytes = static_cast<int64_t>(e);
+  layer.backward = false;  // what the forward saves, once (the backward's own buffers: `working`)
   CpPlanSpec spec = plan_spec_for(attention, config.mesh, config.strategy, config.partition, config.overlap);
   spec.kv_recompute = config.kv_recompute;
-  const MemoryEstimate attn = layer_memory(CpPlan(spec), layer);
+  const CpPlan plan(spec);
+  const MemoryEstimate forward = layer_memory(plan, layer);
+  layer.backward = true;
+  const MemoryEstimate both = layer_memory(plan, layer);
   const double tokens = static_cast<double>(layer.batch) * static_cast<double>(config.seq_len) /
                         static_cast<double>(std::max<int64_t>(1, config.mesh.cp));
   const double d = static_cast<double>(attention.hidden_size), L = static_cast<double>(model.num_layers);
-  double saved = 0, working = 0;
-  for (const auto& [name, bytes] : attn.parts) {
+  const double I = static_cast<double>(model.intermediate_size), V = static_cast<double>(model.vocab_size);
+  double saved = 0, working = 0;  // per layer: saved for its backward; its backward's own buffers
+  for (const auto& [name, bytes] : forward.parts)
     if (name == "activations") saved += bytes;
-    else if (name != "parameters") working = std::max(working, bytes);
-  }
-  // SwiGLU (gate, up, their product, down) and two RMSNorms per layer, with their gradients.
-  saved += tokens * (3.0 * static_cast<double>(model.intermediate_size) + 4.0 * d) * e * 2.0;
-  if (config.recompute) {  // every layer keeps its input; one layer's activations live again in its backward
-    m.add("layer inputs (all layers)", tokens * d * e * L);
-    m.add("saved activations (one layer, recomputed)", saved);
+  for (const auto& [name, bytes] : both.parts)
+    if (name != "parameters" && name != "activations") working = std::max(working, bytes);
+  // SwiGLU (gate, up, their product, down's input) and two RMSNorms (input, output).
+  const double mlp = tokens * (3.0 * I + 4.0 * d) * e;
+  saved += mlp;
+  // TP: the hidden state's copy at the layer's TP entry and the o_proj partial sum's all-reduced copy.
+  if (config.mesh.tp > 1) saved += 2.0 * tokens * d * e;
+  // The gradients a layer's backward makes replace the activations it frees as it goes; beyond
+  // them it holds the attention kernel's buffers and the residual stream's gradient (two copies).
+  working += 2.0 * tokens * d * e;
+  // The loss: log-softmax's output and, in its backward, the two gradients of [T, V] (the logits die
+  // with the forward's scope); the final norm and head's hidden states.
+  const double loss_phase = tokens * (3.0 * V + 4.0 * d) * e;
+  const double kept = config.recompute ? tokens * d * e * L : saved * L;  // held across the forward
+  const double in_backward = kept + (config.recompute ? saved : 0.0) + working;
+  if (kept + loss_phase >= in_backward) {
+    m.add(config.recompute ? "layer inputs (all layers)" : "saved activations (all layers)", kept);
+    m.add("logits, log-softmax and their gradients", loss_phase);
   } else {
-    m.add("saved activations (all layers)", saved * L);
+    m.add(config.recompute ? "layer inputs (all layers)" : "saved activations (all layers)", kept);
+    if (config.recompute) m.add("saved activations (one layer, recomputed)", saved);
+    m.add("a layer's backward (its gradients and kernel buffers)", working);
   }
-  m.add("attention working set (one layer)", working);
-  m.add("logits and their gradient", tokens * static_cast<double>(model.vocab_size) * e * 4.0);
   return m;
 }
 

@@ -1,7 +1,7 @@
 // Memory estimates (include/mlacp/memory.h) against the measured peak of the runs they describe:
 // each estimate must bound the tensor bytes the run allocates (core/memory_probe.h) without
-// exaggerating them more than kMaxOverestimate times, on real multi-rank runs of `mlacp verify`'s
-// cases and of training; and the check's rule and message.
+// exaggerating them more than kMaxOverestimate times on real multi-rank runs of `mlacp verify`'s
+// cases, and training's within [1.0, 1.25] of them; and the check's rule and message.
 #include <cstdio>
 #include <utility>
 
@@ -96,32 +96,66 @@ INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_c
                            return name;
                          });
 
-TEST(TrainingMemory, EstimateBoundsTheMeasuredPeakOfEveryRank) {
-  for (const auto& layout : {std::pair{MeshShape{1, 2, 1, 0}, false}, std::pair{MeshShape{1, 2, 2, 0}, false},
-                             std::pair{MeshShape{1, 2, 1, 0}, true}}) {
-    const MeshShape mesh = layout.first;
-    const bool recompute = layout.second;  // train --recompute
-    train::TrainConfig config = train::test::small_config(at::kFloat, 3, mesh);
-    config.seq_len = 512;
-    config.batch = 2;
-    config.recompute = recompute;
-    const double estimate = train::training_memory(config).total();
-    const int world = static_cast<int>(mesh.dp * mesh.cp * mesh.tp);
-    EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
-      ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);
-      MemoryScope scope;
-      {
-        train::Trainer trainer(config, groups);
-        while (!trainer.done()) trainer.step();
-      }
-      const double peak = static_cast<double>(scope.peak_extra_bytes());
-      std::fprintf(stderr, "train tp=%ld recompute=%d rank %d: peak %s, estimate %s (%.2fx)\n", static_cast<long>(mesh.tp), recompute ? 1 : 0,
-                   rank, format_bytes(peak).c_str(), train::training_memory(config).to_text().c_str(), estimate / peak);
-      EXPECT_LE(peak, estimate);
-      EXPECT_LE(estimate, kMaxOverestimate * peak);
-    }));
-  }
+// Training's estimate (train::training_memory, docs/DESIGN.md §8 "Training") is a model of a step's
+// peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank (float32 and
+// float64). Under bf16 autocast it counts activations at float32 width (an upper bound: autocast
+// keeps some in bf16), so there it may reach 1.35.
+struct TrainMemoryCase {
+  std::string name;
+  MeshShape mesh;
+  at::ScalarType dtype = at::kFloat;
+  CpStrategy strategy = CpStrategy::latent_kv_head;
+  bool recompute = false, kv_recompute = false;
+  int64_t layers = 2, seq_len = 512, batch = 2;
+};
+
+class TrainingMemory : public ::testing::TestWithParam<TrainMemoryCase> {};
+
+TEST_P(TrainingMemory, EstimateModelsTheMeasuredPeakOfEveryRank) {
+  const TrainMemoryCase& t = GetParam();
+  train::TrainConfig config = train::test::small_config(t.dtype, 3, t.mesh);
+  config.model.num_layers = t.layers;
+  config.seq_len = t.seq_len;
+  config.batch = t.batch;
+  config.strategy = t.strategy;
+  config.recompute = t.recompute;
+  config.kv_recompute = t.kv_recompute;
+  const double estimate = train::training_memory(config).total();
+  const double most = t.dtype == at::kBFloat16 ? 1.35 : 1.25;
+  const int world = static_cast<int>(t.mesh.dp * t.mesh.cp * t.mesh.tp);
+  EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
+    ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);
+    MemoryScope scope;
+    {
+      train::Trainer trainer(config, groups);
+      while (!trainer.done()) trainer.step();  // from the second step on, gradients and AdamW's state live
+    }
+    const double peak = static_cast<double>(scope.peak_extra_bytes());
+    std::fprintf(stderr, "train %s rank %d: peak %s, estimate %s (%.3fx)\n", t.name.c_str(), rank,
+                 format_bytes(peak).c_str(), train::training_memory(config).to_text().c_str(), estimate / peak);
+    EXPECT_LE(peak, estimate) << t.name << " rank " << rank;
+    EXPECT_LE(estimate, most * peak) << t.name << " rank " << rank;
+  }));
 }
+
+std::vector<TrainMemoryCase> train_memory_cases() {
+  std::vector<TrainMemoryCase> cases;
+  cases.push_back({"cp2_l3", {1, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, false, false, 3});
+  cases.push_back({"cp2_l1_s1024", {1, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, false, false, 1, 1024});
+  cases.push_back({"cp2_tp2", {1, 2, 2, 0}});
+  cases.push_back({"cp2_recompute_l4", {1, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, true, false, 4});
+  cases.push_back({"cp2_kv_recompute", {1, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, false, true});
+  cases.push_back({"cp2_both_recomputes_s1024", {1, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, true, true, 2, 1024});
+  cases.push_back({"cp2_expanded_batch4", {1, 2, 1, 0}, at::kFloat, CpStrategy::expanded_ulysses, false, false, 2, 512, 4});
+  cases.push_back({"cp4_u1", {1, 4, 1, 1}});
+  cases.push_back({"dp2_cp2", {2, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, false, false, 2, 512, 4});
+  cases.push_back({"cp2_float64", {1, 2, 1, 0}, at::kDouble});
+  cases.push_back({"cp2_bf16", {1, 2, 1, 0}, at::kBFloat16});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, TrainingMemory, ::testing::ValuesIn(train_memory_cases()),
+                         [](const ::testing::TestParamInfo<TrainMemoryCase>& info) { return info.param.name; });
 
 TEST(LayerParameters, CountEqualsTheModulesParameters) {
   for (bool q_latent : {true, false})
