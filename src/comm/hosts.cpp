@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -158,6 +159,28 @@ GlooEndpoint gloo_endpoint(const WorldInfo& world) {
   return e;
 }
 
+namespace {
+
+// A roll call that timed out: each rank that read who is missing says so in the store; rank 0,
+// where it serves the store, waits (at most kRollLinger) for every rank that arrived to have read
+// it, so that a rank whose own deadline falls a little later can still name the missing ranks
+// instead of finding the store gone.
+constexpr std::chrono::milliseconds kRollLinger{2500};
+
+void report_roll_read(c10d::Store& store, const WorldInfo& world, int64_t arrived, bool read) {
+  try {
+    const QuietC10dLog quiet;
+    if (read) store.add("mlacp/roll/failed_read", 1);
+    if (world.rank != 0 || world.agent_store || !world.store_file.empty() || !read) return;
+    const auto until = std::chrono::steady_clock::now() + kRollLinger;
+    while (store.add("mlacp/roll/failed_read", 0) < arrived && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } catch (const std::exception&) {  // the store is gone: nothing to wait for
+  }
+}
+
+}  // namespace
+
 Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoint& endpoint,
                    std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout) {
   const std::string me = endpoint.address + "\t" + this_host_name() + "\t" + std::to_string(world.node_rank) + "\t" +
@@ -187,6 +210,8 @@ Topology roll_call(c10d::Store& store, const WorldInfo& world, const GlooEndpoin
       }
     } catch (const std::exception&) {  // the store itself is gone (rank 0 ended): say what is known
     }
+    report_roll_read(store, world, static_cast<int64_t>(world.size) - static_cast<int64_t>(missing.size()),
+                     !missing.empty());
     std::vector<ErrorValue> values{got("rank", world.rank), got("world_size", world.size),
                                    got("timeout_s", static_cast<double>(timeout.count()) / 1000.0)};
     if (!missing.empty()) values.push_back(got("missing_ranks", missing));

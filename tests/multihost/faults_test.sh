@@ -4,7 +4,8 @@
 #   1. a host that never joins: the ranks that came name the missing ranks and their node (exit 4);
 #   2. one host's ranks SIGKILLed during training: each survivor names that host or a rank of its
 #      own host that ended first, and one of them names that host (exit 4);
-#   3. the link set down during training: every rank names the other host (exit 4);
+#   3. the link set down during training: each rank names the other host or a rank of its own host
+#      that stalled on it, and on each host one names the other host (exit 4);
 #   4. every rank bound to loopback (GLOO_SOCKET_IFNAME=lo): an input error on every rank before any
 #      group connects (exit 2), where each host would dial its own loopback.
 # None prints c10d's raw text or a stack trace.
@@ -81,7 +82,7 @@ if wait_steps 3; then
   # members all run on host a, e.g. the Ulysses pair, sees only its peer's exit); at least one names
   # host b
   finish "host b's ranks killed" "0 1" 4 \
-    "lost_host=10.233.0.2 (node 1) world ranks\|closed_by=a rank of this host"
+    "lost_host=10.233.0.2 (node 1) world ranks\|=a rank of this host"
   grep -q "^mlacp: .*\(lost_host\|members_on_other_hosts\)=10.233.0.2 (node 1)" "$work/rank0.log" "$work/rank1.log" ||
     fail "host b's ranks killed: neither survivor named host b"
   no_leftovers "host b's ranks killed"
@@ -93,8 +94,17 @@ start "0 1 2 3" "${train[@]}"
 if wait_steps 3; then
   testbed_link down
   t0=$SECONDS
-  finish "link down (host a's ranks)" "0 1" 4 "lost_contact_with=10.233.0.2 (node 1) world ranks"
-  finish "link down (host b's ranks)" "2 3" 4 "lost_contact_with=10.233.0.1 (node 0) world ranks"
+  # as above, a rank whose group runs only on its own host (the Ulysses pair) may time out on its
+  # peer, itself blocked on the other host: it says a rank of its own host stalled; on each host at
+  # least one rank names the other host
+  finish "link down (host a's ranks)" "0 1" 4 \
+    "lost_contact_with=10.233.0.2 (node 1) world ranks\|=a rank of this host"
+  finish "link down (host b's ranks)" "2 3" 4 \
+    "lost_contact_with=10.233.0.1 (node 0) world ranks\|=a rank of this host"
+  grep -q "^mlacp: .*lost_contact_with=10.233.0.2 (node 1)" "$work/rank0.log" "$work/rank1.log" ||
+    fail "link down: neither rank of host a named host b"
+  grep -q "^mlacp: .*lost_contact_with=10.233.0.1 (node 0)" "$work/rank2.log" "$work/rank3.log" ||
+    fail "link down: neither rank of host b named host a"
   no_leftovers "link down"
   testbed_link up
 fi
