@@ -19,7 +19,9 @@
 namespace mlacp {
 namespace {
 
-constexpr double kMaxOverestimate = 4.0;
+// verify's estimate adds its phases' kept results to the largest phase (measured 1.19-1.36x: the
+// float32 oracle on rank 0 counts its results beside the CP run's)
+constexpr double kMaxOverestimate = 1.5;
 
 MlaConfig wide_config() {
   MlaConfig c = preset_config("tiny");

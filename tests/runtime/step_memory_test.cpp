@@ -1,8 +1,9 @@
 // What a CP step keeps (docs/DESIGN.md §8, "Where a step's bytes go"): the overlapped form of every
 // schedule peaks no higher than 10% above its plain form (it used to keep its local Q/K/V beside
 // the exchanged ones, and every custom node's saved tensors until the end of the backward: up to
-// 1.4x here, 1.2-1.45x at the peer benchmark's shapes),
-// measured by the allocator probe on real ranks for one forward + backward.
+// 1.4x here, 1.2-1.45x at the peer benchmark's shapes), and the memory estimate (layer_memory)
+// models both within [1.0, 1.25]; measured by the allocator probe on real ranks for one forward +
+// backward.
 #include <algorithm>
 #include <cstdio>
 
@@ -11,6 +12,7 @@
 
 #include "check/cases.h"
 #include "core/memory_probe.h"
+#include "mlacp/memory.h"
 #include "mlacp/runtime.h"
 #include "support/multiprocess.h"
 
@@ -23,6 +25,8 @@ struct MemoryCase {
   int64_t ulysses;  // with 2 ranks: 2 = pure Ulysses, 1 = all-gather only (the expanded hybrid schedule)
   bool kv_recompute = false;
 };
+
+constexpr int64_t kSeqLen = 1024;  // batch 2 (VerifyCase's)
 
 MlaConfig layer_config() {
   MlaConfig c = preset_config("tiny");
@@ -48,7 +52,7 @@ double step_peak(const MemoryCase& mc, bool overlap, ParallelGroups& groups, int
 
 double one_step_peak(const MemoryCase& mc, bool overlap, ParallelGroups& groups, int world) {
   VerifyCase vc{mc.name, layer_config()};
-  vc.seq_len = 1024;
+  vc.seq_len = kSeqLen;
   MlaAttention m = make_case_module(vc, at::kFloat);
   parallelize(m, groups, {mc.strategy, CpPartition::head_tail, overlap, AttentionKernel::blockwise, mc.kv_recompute});
   const CaseInputs global = make_case_inputs(vc, at::kFloat);
@@ -70,6 +74,23 @@ TEST_P(StepMemory, OverlappedFormPeaksWithinTenPercentOfThePlainForm) {
     std::fprintf(stderr, "%s rank %d: peak plain %.2f MiB, overlapped %.2f MiB (%.2fx)\n", mc.name.c_str(), rank,
                  plain / (1 << 20), overlapped / (1 << 20), overlapped / plain);
     EXPECT_LE(overlapped, 1.10 * plain) << mc.name << " rank " << rank;
+    // The estimate (layer_memory: parameters and gradients, the saved activations once, the kernel's
+    // buffers) models both forms' peak within [1.0, 1.25]; the parameters exist before the step.
+    for (bool overlap : {false, true}) {
+      CpPlanSpec spec = plan_spec_for(layer_config(), groups.shape, mc.strategy, CpPartition::head_tail, overlap);
+      spec.kv_recompute = mc.kv_recompute;
+      LayerShape shape;
+      shape.batch = 2;
+      shape.seq_len = kSeqLen;
+      shape.hidden = layer_config().hidden_size;
+      const CpPlan plan(spec);
+      const MemoryEstimate estimate = layer_memory(plan, shape);
+      const double peak = (overlap ? overlapped : plain) + layer_parameter_elements(plan, shape) * 4.0;
+      std::fprintf(stderr, "%s overlap %d rank %d: estimate %s (%.3fx)\n", mc.name.c_str(), overlap, rank,
+                   estimate.to_text().c_str(), estimate.total() / peak);
+      EXPECT_LE(peak, estimate.total()) << mc.name << " overlap " << overlap << " rank " << rank;
+      EXPECT_LE(estimate.total(), 1.25 * peak) << mc.name << " overlap " << overlap << " rank " << rank;
+    }
   }));
 }
 
