@@ -49,6 +49,7 @@ struct RankStep {
   std::map<std::string, int64_t> bytes;
   std::map<CollectiveKind, int64_t> bytes_by_kind;
   double peak_bytes = 0;  // tensor bytes the step allocated at its highest (core/memory_probe.h; CPU only)
+  double peak_live_bytes = 0;  // the live tensor bytes at that moment, what was live before the step included
 };
 
 // The transfers the plan's overlapped schedule hides, by counter label (the schedule's own
@@ -80,6 +81,7 @@ RankStep run_step(MlaAttention& module, const at::Tensor& hidden, const at::Tens
   RankStep s;
   s.step_us = Timeline::now_us() - start;
   s.peak_bytes = device.is_cpu() ? static_cast<double>(memory.peak_extra_bytes()) : 0.0;
+  s.peak_live_bytes = static_cast<double>(memory.baseline_bytes()) + s.peak_bytes;
   groups.instruments.timeline->set_enabled(false);
   std::map<std::string, double> launched;
   for (const auto& e : groups.instruments.timeline->events()) {
@@ -201,6 +203,7 @@ struct BenchSetup {
   at::ScalarType dtype = at::kFloat;
   std::vector<CpStrategy> strategies;
   MeshShape shape;
+  MemoryEstimate memory;  // the run's tensor bytes per rank, estimated before anything is allocated
 };
 
 MlaConfig bench_config(const BenchArgs& a) {
@@ -280,8 +283,9 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
     estimate.add("other modules' parameters", 2.0 * layer_parameter_elements(plan, layer) * layer.element_bytes);
   }
   estimate.add(largest);
-  estimate.add("global inputs", 2.0 * static_cast<double>(a.batch) * static_cast<double>(a.seq) *
-                                    static_cast<double>(a.hidden) * layer.element_bytes);
+  // The global input and output weight, this rank's shards of both and the input's gradient.
+  const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq) * static_cast<double>(a.hidden);
+  estimate.add("inputs", (2.0 * tokens + 3.0 * tokens / static_cast<double>(world_size)) * layer.element_bytes);
   const int64_t local_ranks = launcher_ranks > 0 ? launcher_ranks : local_world_size(world_from_env());
   check_device_args(a.device, local_ranks, "bench");
   MLACP_REQUIRE(!a.device.cuda() || (a.bandwidth_gbps == 0.0 && a.latency_us == 0.0 && !a.auto_link), "bench",
@@ -291,6 +295,7 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
                 "drop --bandwidth-gbps/--latency-us/--auto-link with --device cuda: the GPUs' link is real");
   // The memory check covers host memory: on a GPU the tensors are the device's (README "GPU").
   if (!a.device.cuda()) check_run_memory(common, "bench", estimate, launcher_ranks);
+  b.memory = estimate;
   return b;
 }
 
@@ -353,6 +358,10 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
   if (lead && groups.topology.hosts() > 1) std::cerr << "bench: " << groups.describe() << "\n";
   const LinkModel fixed_link = *groups.instruments.link;
 
+  // The run's tensor bytes from here on (the inputs, the modules, the steps), against the estimate:
+  // the highest live bytes any step reached, and the peak counter after the last one.
+  const MemoryScope run_memory;
+  double run_peak_bytes = 0;
   VerifyCase vc{"bench", cfg};
   vc.batch = a.batch;
   vc.seq_len = a.seq;
@@ -376,6 +385,7 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     for (int i = 0; i < a.warmup + steps; ++i) {
       for (int overlap = 0; overlap < 2; ++overlap) {
         RankStep st = run_step(modules[overlap], hidden, weight, global.options, groups, bf16);
+        run_peak_bytes = std::max(run_peak_bytes, st.peak_live_bytes - static_cast<double>(run_memory.baseline_bytes()));
         if (!a.trace_dir.empty() && what == "timed" && i + 1 == a.warmup + steps) {
           std::ofstream(a.trace_dir + "/" + strategy_name(strategy) + (overlap ? "-overlap" : "-plain") + "-rank" +
                         std::to_string(world.rank) + ".json")
@@ -479,6 +489,9 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                     {"paired_step_saved_ms", o.paired_saved_us / 1000.0},
                     {"criteria_met", met}});
   }
+  run_peak_bytes = std::max(run_peak_bytes, static_cast<double>(run_memory.peak_extra_bytes()));
+  run_peak_bytes = all_reduce_max(groups.world, {run_peak_bytes})[0];  // the rank that allocated most
+  const double estimate_bytes = setup.memory.total();
   if (lead) {
     std::cout << "bench: " << world.size << " ranks, S=" << a.seq << " B=" << a.batch << " heads=" << a.heads
               << " hidden=" << a.hidden << " q_rank=" << a.q_rank << " kv_rank=" << a.kv_rank
@@ -493,10 +506,15 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
     std::cout << "\nTransfers the overlap schedule places under computation (met: hidden >= 90% and saved >= 80% "
                  "of their exposed time with overlap off):\n";
     criteria.print(std::cout);
+    if (device.is_cpu())
+      std::cout << "\nmemory: the run's tensors peaked at " << format_bytes(run_peak_bytes)
+                << " on the rank that allocated most; estimated before the run: " << format_bytes(estimate_bytes) << " ("
+                << fixed(estimate_bytes / std::max(1.0, run_peak_bytes), 2) << "x; " << setup.memory.to_text() << ")\n";
     if (!a.json_path.empty()) {
       const json doc{{"world_size", world.size}, {"seq", a.seq}, {"batch", a.batch}, {"steps", a.steps},
                      {"warmup", a.warmup}, {"pinned", common.pin_cores}, {"sched_batch", common.batch_scheduling},
-                     {"all_criteria_met", all_met}, {"rows", rows}};
+                     {"all_criteria_met", all_met}, {"run_peak_bytes", device.is_cpu() ? json(run_peak_bytes) : json(nullptr)},
+                     {"memory_estimate_bytes", estimate_bytes}, {"rows", rows}};
       write_output_file("--json", a.json_path, doc.dump(2) + "\n");
     }
   }

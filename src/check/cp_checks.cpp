@@ -271,6 +271,7 @@ MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device) {
   LayerShape whole = shape;
   whole.batch = c.base.batch;
   whole.element_bytes = c.reference_on_rank0 && c.dtype == at::kFloat ? 4 : 8;
+  const double oracle_bytes = static_cast<double>(whole.element_bytes);
   MemoryEstimate oracle = layer_memory(one, whole);
   if (c.dtype == at::kBFloat16) {
     whole.element_bytes = 4;
@@ -278,7 +279,8 @@ MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device) {
     if (single_bf16.total() > oracle.total()) oracle = single_bf16;
   }
   // The phases run one after the other: the peak is the largest, plus the results kept between
-  // them (the oracle's output and gradients in float64, the inputs).
+  // them (the oracle's output in float64; its input, input gradient, parameters and their
+  // gradients at the oracle's width).
   const double S = static_cast<double>(c.base.seq_len), B = static_cast<double>(c.base.batch);
   const double mask_build = c.base.band_width > 0 ? 17.0 * S * S : 0.0;  // (i - j).abs() < band in int64
   MemoryEstimate m;
@@ -286,7 +288,8 @@ MemoryEstimate cp_case_memory(const CpCase& c, bool cp_run_on_device) {
   if (mask_build > largest.total()) m.add("band mask (built)", mask_build);
   else m.add(largest, 1.0, &largest == &oracle ? "oracle " : "CP run ");
   const double params = layer_parameter_elements(one, whole);
-  m.add("kept results", (3.0 * B * S * static_cast<double>(cfg.hidden_size) + 2.0 * params) * 8.0 +
+  const double tokens = B * S * static_cast<double>(cfg.hidden_size);
+  m.add("kept results", tokens * 8.0 + (2.0 * tokens + 2.0 * params) * oracle_bytes +
                             (c.base.band_width > 0 ? S * S : 0.0));
   return m;
 }

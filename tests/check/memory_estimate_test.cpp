@@ -19,9 +19,9 @@
 namespace mlacp {
 namespace {
 
-// verify's estimate adds its phases' kept results to the largest phase (measured 1.19-1.36x: the
-// float32 oracle on rank 0 counts its results beside the CP run's)
-constexpr double kMaxOverestimate = 1.5;
+// verify's estimate: the largest phase and the results the phases keep (measured 1.19-1.23x on
+// LibTorch 1.13, 1.21-1.25x on 2.x, whose backward frees some buffers sooner)
+constexpr double kMaxOverestimate = 1.3;
 
 MlaConfig wide_config() {
   MlaConfig c = preset_config("tiny");
@@ -101,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_c
 // Training's estimate (train::training_memory, docs/DESIGN.md §8 "Training") is a model of a step's
 // peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank (float32 and
 // float64). Under bf16 autocast it counts activations at float32 width (an upper bound: autocast
-// keeps some in bf16), so there it may reach 1.35.
+// keeps some in bf16), so there it may reach 1.45 (measured 1.23-1.27x on LibTorch 1.13, 1.40x on
+// 2.x).
 struct TrainMemoryCase {
   std::string name;
   MeshShape mesh;
@@ -123,7 +124,7 @@ TEST_P(TrainingMemory, EstimateModelsTheMeasuredPeakOfEveryRank) {
   config.recompute = t.recompute;
   config.kv_recompute = t.kv_recompute;
   const double estimate = train::training_memory(config).total();
-  const double most = t.dtype == at::kBFloat16 ? 1.35 : 1.25;
+  const double most = t.dtype == at::kBFloat16 ? 1.45 : 1.25;
   const int world = static_cast<int>(t.mesh.dp * t.mesh.cp * t.mesh.tp);
   EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
     ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `mlacp bench`'s memory estimate (made before anything is allocated: every strategy's modules, the
+# largest step, the inputs; docs/DESIGN.md §8) against the run's measured peak (the LibTorch
+# allocator counter, the rank that allocated most, from the inputs to the last step): within
+# [1.0, 1.25] at three shapes, both strategies, K/V recompute, float32 (bf16 is not calibrated:
+# the estimate counts its activations at float32 width, 1.6-1.7x measured).
+# Usage: bench_memory_estimate_test.sh MLACP WORKDIR
+set -euo pipefail
+mlacp="$(realpath "$1")"
+work="$2"
+mkdir -p "$work"
+dims=(--hidden 128 --heads 8 --q-rank 48 --kv-rank 64 --nope 32 --rope 16 --value 32 --steps 2 --warmup 0)
+failures=0
+check() {
+  local name="$1"
+  shift
+  "$mlacp" --threads 1 bench --nproc 2 "${dims[@]}" "$@" --json "$work/$name.json" >"$work/$name.log" 2>&1 ||
+    { echo "FAIL: $name: bench failed"; tail -5 "$work/$name.log"; failures=$((failures + 1)); return; }
+  python3 - "$name" "$work/$name.json" <<'PY' || failures=$((failures + 1))
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+peak, estimate = d["run_peak_bytes"], d["memory_estimate_bytes"]
+ratio = estimate / peak
+print(f"{name}: peak {peak / 2**20:.2f} MiB, estimate {estimate / 2**20:.2f} MiB ({ratio:.3f}x)")
+if not 1.0 <= ratio <= 1.25:
+    sys.exit(f"FAIL: {name}: estimate / peak = {ratio:.3f}, outside [1.0, 1.25]")
+PY
+}
+check both-s1024 --seq 1024
+check latent-kv-recompute-s2048 --seq 2048 --strategy latent_kv_head --kv-recompute
+check expanded-s2048-b2 --seq 2048 --batch 2 --strategy expanded_ulysses
+if [ "$failures" -eq 0 ]; then echo PASS; else echo "$failures failure(s)"; exit 1; fi
