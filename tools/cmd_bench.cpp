@@ -228,7 +228,7 @@ int64_t ulysses_of(const BenchArgs& a) { return parse_count("bench", "ulysses", 
 
 // --strategy auto / --ulysses auto: the planner's choice among what the command leaves open
 // (bench runs head_tail, overlap off and on).
-PlanReport bench_auto_plan(const BenchArgs& a, int64_t world_size) {
+PlanReport bench_auto_plan(const CommonArgs& common, const BenchArgs& a, int64_t world_size) {
   for (const std::string& s : a.strategies)
     MLACP_REQUIRE(s != "auto" || a.strategies.size() == 1, "bench", "--strategy auto cannot be listed with strategies",
                   {got("strategy", s)}, "pass --strategy auto alone");
@@ -248,6 +248,7 @@ PlanReport bench_auto_plan(const BenchArgs& a, int64_t world_size) {
   q.bandwidth_gbps = a.bandwidth_gbps;
   q.latency_us = a.latency_us;
   q.hardware = a.plan_hardware;
+  q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, a.device.cuda(), world_size);
   return plan_for_auto(q);
 }
 
@@ -307,15 +308,17 @@ int run_bench(const CommonArgs& common, const BenchArgs& a) {
                   "--strategy/--ulysses auto under torchrun needs --plan-hardware (a calibration per rank could choose "
                   "differently on each)",
                   {}, "write one with mlacp plan --calibrate --save-hardware FILE and pass --plan-hardware FILE");
-    const PlanReport report = bench_auto_plan(a, launched_as_rank() ? world_from_env().size : a.nproc);
+    const PlanReport report = bench_auto_plan(common, a, launched_as_rank() ? world_from_env().size : a.nproc);
     BenchArgs chosen = a;
     chosen.strategies = {strategy_name(report.choice().spec.strategy)};
     chosen.ulysses = std::to_string(report.choice().spec.ulysses);
+    chosen.kv_recompute = a.kv_recompute || report.choice().spec.kv_recompute;  // the planner's, when memory is short
     chosen.plan_hardware.clear();
     if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
     if (!launched_as_rank()) {
       CommonArgs with = common;
       with.argv = with_planned_choice(common.argv, {{"--strategy", chosen.strategies[0]}, {"--ulysses", chosen.ulysses}});
+      if (chosen.kv_recompute) with.argv = with_planned_flag(with.argv, "--kv-recompute");
       return run_bench(with, chosen);
     }
     return run_bench(common, chosen);

@@ -380,10 +380,12 @@ std::pair<VerifyArgs, CommonArgs> resolve_auto(const CommonArgs& common, const V
   if (a.partition) q.partition = c.partition;
   if (a.overlap) q.overlap = c.overlap;
   q.hardware = a.plan_hardware;
+  q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, args.device.cuda(), world_size);
   const PlanReport report = plan_for_auto(q);
   const CandidatePrediction& choice = report.choice();
   if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
   VerifyArgs chosen = args;
+  chosen.adhoc.kv_recompute = a.kv_recompute || choice.spec.kv_recompute;  // the planner's, when memory is short
   chosen.adhoc.strategy = strategy_name(choice.spec.strategy);
   chosen.adhoc.ulysses = std::to_string(choice.spec.ulysses);
   chosen.adhoc.partition = partition_name(choice.spec.partition);
@@ -396,6 +398,7 @@ std::pair<VerifyArgs, CommonArgs> resolve_auto(const CommonArgs& common, const V
       {"--partition", *chosen.adhoc.partition},
       {"--overlap", choice.spec.overlap ? "true" : "false"}};
   with.argv = with_planned_choice(common.argv, values);
+  if (chosen.adhoc.kv_recompute) with.argv = with_planned_flag(with.argv, "--kv-recompute");
   return {chosen, with};
 }
 

@@ -1,5 +1,6 @@
 #include "memory_check.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -51,6 +52,12 @@ MemoryLimit memory_limit(const CommonArgs& common) {
   limit.bytes = kDefaultFraction * host.available_bytes;
   limit.source = "90% of the " + format_bytes(host.available_bytes) + " available (" + host.source + ")";
   return limit;
+}
+
+double auto_plan_memory_per_rank(const CommonArgs& common, bool cuda, int64_t ranks_on_host) {
+  if (cuda || launched_as_rank()) return 0.0;
+  const MemoryLimit limit = memory_limit(common);
+  return limit.enforced ? limit.bytes / static_cast<double>(std::max<int64_t>(1, ranks_on_host)) : 0.0;
 }
 
 void check_run_memory(const CommonArgs& common, const std::string& what, const MemoryEstimate& per_rank,

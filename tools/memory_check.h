@@ -24,4 +24,11 @@ MemoryLimit memory_limit(const CommonArgs& common);
 void check_run_memory(const CommonArgs& common, const std::string& what, const MemoryEstimate& per_rank,
                       int launcher_ranks);
 
+// The memory per rank the planner of --strategy/--ulysses auto may plan with
+// (AutoPlanQuery::memory_bytes_per_rank): the limit for the host's ranks together over the
+// `ranks_on_host` the launcher starts, for a CPU run; 0 otherwise (under torchrun each rank would
+// read its own available memory and could choose differently: the hardware file's memory stands
+// there; a GPU's is the device's).
+double auto_plan_memory_per_rank(const CommonArgs& common, bool cuda, int64_t ranks_on_host);
+
 }  // namespace mlacp::tools

@@ -56,6 +56,11 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   } else {
     hw = hardware_named(q.hardware);
   }
+  if (q.memory_bytes_per_rank > 0) {
+    // The planner divides a CPU host's memory among its ranks (cores_per_node set); a device's is its own.
+    hw.memory_bytes = q.memory_bytes_per_rank;
+    if (hw.cores_per_node > 0) hw.memory_bytes *= static_cast<double>(std::min<int64_t>(q.cp * q.tp, hw.devices_per_node));
+  }
   PlanRequest r;
   r.config = q.config;
   r.seq_len = q.seq_len;
@@ -85,6 +90,11 @@ std::string auto_choice_text(const PlanReport& report) {
   std::istringstream lines(report.explanation);
   for (std::string line; std::getline(lines, line);) out << "auto:   " << line << "\n";
   return out.str();
+}
+
+std::vector<std::string> with_planned_flag(std::vector<std::string> argv, const std::string& flag) {
+  if (std::find(argv.begin(), argv.end(), flag) == argv.end()) argv.push_back(flag);
+  return argv;
 }
 
 std::vector<std::string> with_planned_choice(std::vector<std::string> argv,

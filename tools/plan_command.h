@@ -62,6 +62,10 @@ struct AutoPlanQuery {
   double bandwidth_gbps = 0, latency_us = 0;  // the link the run will have (0: none)
   std::string hardware;                    // "" : calibrate this machine
   bool causal = true;
+  // The memory a rank may use (the run's memory limit over the host's ranks), in place of the
+  // hardware's; 0: the hardware's. Where a latent candidate's layer does not fit, the planner
+  // tries it with K/V recompute (PlanRequest::kv_recompute_when_short).
+  double memory_bytes_per_rank = 0;
 };
 PlanReport plan_for_auto(const AutoPlanQuery& query);
 // --plan-hardware of verify, bench and train: a profile name or a hardware file (checked while
@@ -73,6 +77,8 @@ std::string auto_choice_text(const PlanReport& report);
 // the flag appended where absent: what the ranks run once auto is resolved.
 std::vector<std::string> with_planned_choice(std::vector<std::string> argv,
                                              const std::vector<std::pair<std::string, std::string>>& values);
+// The command line with a flag the choice turns on (e.g. --kv-recompute), appended where absent.
+std::vector<std::string> with_planned_flag(std::vector<std::string> argv, const std::string& flag);
 // A whole number >= 0 from an option's text (a count such as --ulysses); an mlacp::Error naming
 // the option otherwise.
 int64_t parse_count(const std::string& what, const std::string& option, const std::string& text);

@@ -751,18 +751,20 @@ int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
   q.partition = c.partition;
   if (args.overlap) q.overlap = true;
   q.hardware = args.plan_hardware;
+  q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, args.device.cuda(), args.nproc);
   const PlanReport report = plan_for_auto(q);
   const CandidatePrediction& choice = report.choice();
   if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;
   TrainArgs chosen = args;
+  chosen.kv_recompute = args.kv_recompute || choice.spec.kv_recompute;  // the planner's, when memory is short
   chosen.strategy = strategy_name(choice.spec.strategy);
   chosen.ulysses = std::to_string(choice.spec.ulysses);
   chosen.overlap = choice.spec.overlap;
   chosen.plan_hardware.clear();
   CommonArgs with = common;
   with.argv = with_planned_choice(common.argv, {{"--strategy", chosen.strategy}, {"--ulysses", chosen.ulysses}});
-  if (chosen.overlap && std::find(with.argv.begin(), with.argv.end(), "--overlap") == with.argv.end())
-    with.argv.push_back("--overlap");
+  if (chosen.overlap) with.argv = with_planned_flag(with.argv, "--overlap");
+  if (chosen.kv_recompute) with.argv = with_planned_flag(with.argv, "--kv-recompute");
   return run_train(with, chosen);
 }
 

@@ -116,6 +116,16 @@ std::string explain(const std::vector<CandidatePrediction>& ranked, const PlanRe
         << ": the busiest rank's attention " << seconds_text(phase(c, "attention") + phase(c, "attention_backward"))
         << " vs " << seconds_text(phase(*o, "attention") + phase(*o, "attention_backward"))
         << (request.causal ? " (causal load balance)." : ".");
+  if (c.spec.kv_recompute) {
+    for (const CandidatePrediction& x : ranked)
+      if (!x.feasible && !x.spec.kv_recompute && x.spec.strategy == c.spec.strategy && x.spec.ulysses == c.spec.ulysses &&
+          x.spec.partition == c.spec.partition && x.spec.overlap == c.spec.overlap && x.spec.tp == c.spec.tp) {
+        out << "\nkv_recompute: without it " << x.infeasible_reason << "; with it one layer needs "
+            << format_bytes(c.memory_bytes) << " (one more kv_b_proj pass: " << seconds_text(c.upprojection_s)
+            << " up-projection in the step).";
+        break;
+      }
+  }
   if (const CandidatePrediction* o = best([&](const auto& x) { return x.spec.tp != c.spec.tp; }))
     out << "\ntp=" << c.spec.tp << " x cp=" << c.spec.cp << " over tp=" << o->spec.tp << " x cp=" << o->spec.cp << " ("
         << o->label() << ", " << seconds_text(o->step_s) << ").";
@@ -131,6 +141,7 @@ std::string CandidatePrediction::label() const {
   std::string s = strategy_name(spec.strategy) + " U=" + std::to_string(spec.ulysses) + " " +
                   partition_name(spec.partition) + " overlap " + (spec.overlap ? "on" : "off");
   if (spec.tp > 1) s += " tp=" + std::to_string(spec.tp);
+  if (spec.kv_recompute) s += " kv_recompute";
   return s;
 }
 
@@ -165,6 +176,37 @@ PlanReport plan_context_parallel(const PlanRequest& request) {
                                  : request.partitions;
   const std::vector<bool> overlaps = request.overlaps.empty() ? std::vector<bool>{true, false} : request.overlaps;
 
+  // One candidate: its plan's rules, the step model, and whether one layer fits in the memory.
+  auto evaluate = [&](const CpPlanSpec& spec, bool* short_of_memory) {
+    CandidatePrediction pred;
+    pred.spec = spec;
+    *short_of_memory = false;
+    try {
+      MLACP_REQUIRE(spec.tp <= request.hardware.devices_per_node, kWhat, "the TP group must fit in one node",
+                    {got("tp", spec.tp), got("devices_per_node", request.hardware.devices_per_node)}, "use a smaller tp");
+      CpPlan plan(spec);
+      check_shardable(spec.partition, request.seq_len, spec.cp);
+      pred = predict_step(plan, request);
+      const Hardware& hw = request.hardware;
+      if (hw.memory_bytes > 0) {
+        double capacity = hw.memory_bytes;
+        if (hw.cores_per_node > 0)
+          capacity /= static_cast<double>(std::min<int64_t>(spec.cp * spec.tp, hw.devices_per_node));
+        if (pred.memory_bytes > capacity) {
+          pred.feasible = false;
+          pred.infeasible_reason = "one layer's forward + backward needs " + format_bytes(pred.memory_bytes) +
+                                   " per rank; the device has " + format_bytes(capacity);
+          *short_of_memory = true;
+        }
+      }
+    } catch (const Error& e) {
+      if (e.rule().rfind("internal", 0) == 0) throw;
+      pred.feasible = false;
+      pred.infeasible_reason = reason_of(e);
+    }
+    return pred;
+  };
+
   std::vector<CandidatePrediction> all;
   for (const auto& [tp, cp] : worlds)
     for (CpStrategy strategy : strategies)
@@ -180,32 +222,14 @@ PlanReport plan_context_parallel(const PlanRequest& request) {
             shape.ulysses = u;
             CpPlanSpec spec = plan_spec_for(c, shape, strategy, partition, overlap);
             spec.kernel = request.kernel;
-            CandidatePrediction pred;
-            pred.spec = spec;
-            try {
-              MLACP_REQUIRE(tp <= request.hardware.devices_per_node, kWhat, "the TP group must fit in one node",
-                            {got("tp", tp), got("devices_per_node", request.hardware.devices_per_node)},
-                            "use a smaller tp");
-              CpPlan plan(spec);
-              check_shardable(partition, request.seq_len, cp);
-              pred = predict_step(plan, request);
-              const Hardware& hw = request.hardware;
-              if (hw.memory_bytes > 0) {
-                double capacity = hw.memory_bytes;
-                if (hw.cores_per_node > 0)
-                  capacity /= static_cast<double>(std::min<int64_t>(cp * tp, hw.devices_per_node));
-                if (pred.memory_bytes > capacity) {
-                  pred.feasible = false;
-                  pred.infeasible_reason = "one layer's forward + backward needs " + format_bytes(pred.memory_bytes) +
-                                           " per rank; the device has " + format_bytes(capacity);
-                }
-              }
-            } catch (const Error& e) {
-              if (e.rule().rfind("internal", 0) == 0) throw;
-              pred.feasible = false;
-              pred.infeasible_reason = reason_of(e);
+            bool short_of_memory = false;
+            all.push_back(evaluate(spec, &short_of_memory));
+            // Short of memory: the latent strategy may keep the latent instead of head-block K/V.
+            if (short_of_memory && request.kv_recompute_when_short && strategy == CpStrategy::latent_kv_head &&
+                cp > 1) {
+              spec.kv_recompute = true;
+              all.push_back(evaluate(spec, &short_of_memory));
             }
-            all.push_back(pred);
           }
   std::stable_sort(all.begin(), all.end(), [](const CandidatePrediction& a, const CandidatePrediction& b) {
     if (a.feasible != b.feasible) return a.feasible;
@@ -277,6 +301,7 @@ std::string PlanReport::to_json() const {
     x["tp"] = c.spec.tp;
     x["partition"] = partition_name(c.spec.partition);
     x["overlap"] = c.spec.overlap;
+    x["kv_recompute"] = c.spec.kv_recompute;
     x["feasible"] = c.feasible;
     if (!c.feasible) {
       x["infeasible_reason"] = c.infeasible_reason;

@@ -179,13 +179,15 @@ CandidatePrediction predict_step(const CpPlan& plan, const PlanRequest& request)
     if (name == "activations") activation_elements = v;
   const double elementwise = activation_elements * rate.seconds_per_element / share;
 
+  // kv_b_proj: forward, dgrad, wgrad; K/V recompute runs its forward again in the backward.
+  const double kv_b_passes = plan.kv_recompute() ? 4.0 : 3.0;
   out.phases = {{"q_a_proj", 3 * q_a},         {"kv_a_proj", 3 * kv_a},         {"q_b_proj_rope", 3 * q_b},
-                {"kv_b_proj", 3 * kv_b},       {"gate_proj", 3 * gate},         {"o_proj", 3 * o},
+                {"kv_b_proj", kv_b_passes * kv_b},       {"gate_proj", 3 * gate},         {"o_proj", 3 * o},
                 {"attention", attention_forward_s}, {"attention_backward", attention_backward_s},
                 {"elementwise", elementwise}};
   for (const auto& [name, s] : out.phases) out.compute_s += s;
   out.activation_elements = activation_elements;
-  out.upprojection_s = 3 * kv_b;
+  out.upprojection_s = kv_b_passes * kv_b;
 
   // The collectives of the step, by transfer name, with their group.
   struct Group {

@@ -261,6 +261,51 @@ TEST(Planner, InfeasibleCandidatesAreListedWithTheRuleTheyBreak) {
   for (const CandidatePrediction& x : report.candidates) EXPECT_FALSE(x.feasible);
 }
 
+// Short of memory, the latent strategy keeps the latent instead of its head block's K/V: the
+// planner tries K/V recompute where a latent candidate's layer does not fit, charges its extra
+// kv_b_proj pass, and says why it chose it; with room, it never does.
+TEST(Planner, ChoosesKvRecomputeOnlyWhenTheLayerDoesNotFitWithoutIt) {
+  PlanRequest r = request_for(test_config(false), 32768, 4);
+  r.strategies = {CpStrategy::latent_kv_head};
+  r.ulysses = 1;  // all 16 heads in one block: K/V of all S keys for 16 heads, or of a sub-block
+  r.partitions = {CpPartition::head_tail};
+  r.overlaps = {true};
+  PlanReport roomy = plan_context_parallel(r);
+  ASSERT_TRUE(roomy.any_feasible());
+  for (const CandidatePrediction& x : roomy.candidates) EXPECT_FALSE(x.spec.kv_recompute) << x.label();
+  const CandidatePrediction plain = roomy.choice();
+  CpPlanSpec kv_spec = plain.spec;
+  kv_spec.kv_recompute = true;
+  const CandidatePrediction kv = predict_step(CpPlan(kv_spec), r);
+  ASSERT_LT(kv.memory_bytes, plain.memory_bytes);
+  EXPECT_GT(kv.upprojection_s, plain.upprojection_s);  // one more kv_b_proj pass
+  EXPECT_GT(kv.step_s, plain.step_s);
+
+  r.hardware.memory_bytes = (kv.memory_bytes + plain.memory_bytes) / 2;  // fits with it only
+  const PlanReport tight = plan_context_parallel(r);
+  ASSERT_TRUE(tight.any_feasible()) << tight.explanation;
+  EXPECT_TRUE(tight.choice().spec.kv_recompute);
+  EXPECT_THAT(tight.choice().label(), HasSubstr("kv_recompute"));
+  EXPECT_THAT(tight.explanation, HasSubstr("kv_recompute: without it one layer's forward + backward needs"));
+  EXPECT_THAT(tight.to_json(), HasSubstr("\"kv_recompute\": true"));
+  bool twin_listed = false;
+  for (const CandidatePrediction& x : tight.candidates)
+    if (!x.spec.kv_recompute) {
+      EXPECT_FALSE(x.feasible);
+      EXPECT_THAT(x.infeasible_reason, HasSubstr("per rank; the device has"));
+      twin_listed = true;
+    }
+  EXPECT_TRUE(twin_listed);
+
+  r.kv_recompute_when_short = false;  // never: nothing fits
+  EXPECT_FALSE(plan_context_parallel(r).any_feasible());
+  r.kv_recompute_when_short = true;
+  r.hardware.memory_bytes = kv.memory_bytes / 2;  // not even with it
+  const PlanReport none = plan_context_parallel(r);
+  EXPECT_FALSE(none.any_feasible());
+  EXPECT_THAT(none.explanation, HasSubstr("no candidate is feasible"));
+}
+
 TEST(Planner, RejectsAnInvalidRequestAsAWhole) {
   PlanRequest r = request_for(test_config(false), 0, 4);
   EXPECT_THROW(plan_context_parallel(r), Error);
