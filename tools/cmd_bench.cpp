@@ -249,6 +249,7 @@ PlanReport bench_auto_plan(const CommonArgs& common, const BenchArgs& a, int64_t
   q.latency_us = a.latency_us;
   q.hardware = a.plan_hardware;
   q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, a.device.cuda(), world_size);
+  q.cpu_run = !a.device.cuda();
   return plan_for_auto(q);
 }
 

@@ -86,6 +86,7 @@ PlanRequest plan_request(const PlanArgs& a, const Hardware& hardware) {
   if (a.overlap == "off") r.overlaps = {false};
   r.causal = a.causal;
   r.hardware = hardware;
+  r.kv_recompute_when_short = hardware.cores_per_node > 0;  // CPU hardware: the CPU kernel's K/V recompute
   r.emulated_link.bandwidth_bytes_per_s = a.emulated_gbps * 1e9;
   r.emulated_link.latency_s = a.emulated_latency_us * 1e-6;
   return r;

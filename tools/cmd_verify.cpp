@@ -381,6 +381,7 @@ std::pair<VerifyArgs, CommonArgs> resolve_auto(const CommonArgs& common, const V
   if (a.overlap) q.overlap = c.overlap;
   q.hardware = a.plan_hardware;
   q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, args.device.cuda(), world_size);
+  q.cpu_run = !args.device.cuda();
   const PlanReport report = plan_for_auto(q);
   const CandidatePrediction& choice = report.choice();
   if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;

@@ -78,6 +78,7 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   // Gloo link, or a profile's or file's.
   r.emulated_link.bandwidth_bytes_per_s = q.bandwidth_gbps * 1e9;
   r.emulated_link.latency_s = q.latency_us * 1e-6;
+  r.kv_recompute_when_short = q.cpu_run;
   PlanReport report = plan_context_parallel(r);
   MLACP_REQUIRE(report.any_feasible(), "plan", "--strategy/--ulysses auto found no feasible candidate",
                 {got("reason", report.explanation)}, "fix the run's degrees or give the strategy");

@@ -66,6 +66,7 @@ struct AutoPlanQuery {
   // hardware's; 0: the hardware's. Where a latent candidate's layer does not fit, the planner
   // tries it with K/V recompute (PlanRequest::kv_recompute_when_short).
   double memory_bytes_per_rank = 0;
+  bool cpu_run = true;  // the run's tensors on the CPU: K/V recompute is possible (the CPU kernel's)
 };
 PlanReport plan_for_auto(const AutoPlanQuery& query);
 // --plan-hardware of verify, bench and train: a profile name or a hardware file (checked while

@@ -752,6 +752,7 @@ int run_train_auto(const CommonArgs& common, const TrainArgs& args) {
   if (args.overlap) q.overlap = true;
   q.hardware = args.plan_hardware;
   q.memory_bytes_per_rank = auto_plan_memory_per_rank(common, args.device.cuda(), args.nproc);
+  q.cpu_run = !args.device.cuda();
   const PlanReport report = plan_for_auto(q);
   const CandidatePrediction& choice = report.choice();
   if (!launched_as_rank() || world_from_env().rank == 0) std::cout << auto_choice_text(report) << std::flush;

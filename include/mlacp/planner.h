@@ -86,9 +86,10 @@ struct PlanRequest {
   std::vector<CpPartition> partitions;   // empty: both
   std::vector<bool> overlaps;            // empty: off and on
   // The latent strategy's K/V recompute (CpPlanSpec::kv_recompute: K/V of one head sub-block at a
-  // time, expanded again in the backward, one more kv_b_proj pass): a latent candidate whose layer
-  // does not fit in the hardware's memory is also tried with it. false: never.
-  bool kv_recompute_when_short = true;
+  // time, expanded again in the backward, one more kv_b_proj pass; the CPU blockwise kernel's): a
+  // latent candidate whose layer does not fit in the hardware's memory is also tried with it.
+  // Set it for a run whose tensors are on the CPU; false: never.
+  bool kv_recompute_when_short = false;
   AttentionKernel kernel = AttentionKernel::blockwise;
   bool causal = true;
   Hardware hardware;

@@ -167,7 +167,7 @@ PYBIND11_MODULE(_C, m) {
       [](const mlacp::MlaConfig& config, int64_t seq_len, int64_t batch, int64_t cp, int64_t tp, const std::string& dtype,
          const std::vector<std::string>& strategies, int64_t ulysses, const std::vector<std::string>& partitions,
          std::optional<bool> overlap, const std::string& hardware, std::optional<double> bandwidth_gbps,
-         std::optional<double> latency_us) {
+         std::optional<double> latency_us, bool kv_recompute_when_short) {
         std::string report;
         {
           py::gil_scoped_release no_gil;  // a calibration runs LibTorch's autograd engine
@@ -195,6 +195,7 @@ PYBIND11_MODULE(_C, m) {
           }
           if (bandwidth_gbps) r.hardware.intra_node.bandwidth_bytes_per_s = *bandwidth_gbps * 1e9;
           if (latency_us) r.hardware.intra_node.latency_s = *latency_us * 1e-6;
+          r.kv_recompute_when_short = kv_recompute_when_short;
           report = mlacp::plan_context_parallel(r).to_json();
         }
         return loads(report);
@@ -203,6 +204,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dtype") = "float32", py::arg("strategies") = std::vector<std::string>{}, py::arg("ulysses") = 0,
       py::arg("partitions") = std::vector<std::string>{}, py::arg("overlap") = py::none(), py::arg("hardware"),
       py::arg("bandwidth_gbps") = py::none(), py::arg("latency_us") = py::none(),
+      py::arg("kv_recompute_when_short") = false,
       "The planner's report (a dict) for one layer: include/mlacp/planner.h.");
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });
 }

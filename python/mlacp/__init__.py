@@ -166,7 +166,7 @@ def _plan_for_groups(groups: "ContextParallelGroups", model_config, seq_len, bat
 
 
 def _planned_choice(groups: "ContextParallelGroups", config: MlaConfig, *, seq_len, batch, dtype, ulysses, partitions,
-                    overlap, hardware, bandwidth_gbps) -> dict:
+                    overlap, hardware, bandwidth_gbps, cpu_run=False) -> dict:
     """The planner's choice for a CP group: rank 0 asks the planner and prints the choice and why;
     every rank receives the choice, or the error, by broadcast."""
     decision = [None]
@@ -174,15 +174,17 @@ def _planned_choice(groups: "ContextParallelGroups", config: MlaConfig, *, seq_l
         try:
             report = _C.plan(config=config, seq_len=int(seq_len), batch=int(batch), cp=groups.size, dtype=dtype,
                              ulysses=ulysses, partitions=partitions, overlap=overlap, hardware=hardware,
-                             bandwidth_gbps=bandwidth_gbps)
+                             bandwidth_gbps=bandwidth_gbps, kv_recompute_when_short=cpu_run)
             if report["chosen"] is None:
                 decision = [{"error": f"mlacp: plan: {report['explanation']}"}]
             else:
                 c = report["candidates"][report["chosen"]]
                 print(f"mlacp auto: {c['label']} ({report['summary']})\n" +
                       "\n".join("mlacp auto:   " + line for line in report["explanation"].splitlines()), flush=True)
+                # kv_recompute: chosen where the latent layer does not fit the hardware's memory without it
                 decision = [{"strategy": c["strategy"], "ulysses": c["ulysses"], "partition": c["partition"],
-                             "overlap": c["overlap"], "label": c["label"]}]
+                             "overlap": c["overlap"], "kv_recompute": bool(c.get("kv_recompute", False)),
+                             "label": c["label"]}]
         except MlacpError as e:
             decision = [{"error": str(e)}]
     if groups.size > 1:

@@ -257,15 +257,18 @@ def parallelize_model(model: torch.nn.Module, groups: ContextParallelGroups, *, 
     first = next(model.parameters())
     if strategy == "auto" and groups.planned is not None and seq_len is None:
         strategy = groups.planned["strategy"]  # planned with the groups (ulysses="auto")
+        kv_recompute = kv_recompute or groups.planned.get("kv_recompute", False)
     if strategy == "auto":
         if seq_len is None or int(seq_len) <= 0:
             raise _error("options", "strategy='auto' needs the global sequence length", {"seq_len": seq_len},
                          "pass seq_len=S (and batch=B) to parallelize_model, or name the strategy")
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(first.dtype,
                                                                                                     "float32")
-        strategy = _planned_choice(groups, config, seq_len=seq_len, batch=batch, dtype=dtype, ulysses=groups.ulysses,
-                                   partitions=[partition], overlap=bool(overlap), hardware=plan_hardware,
-                                   bandwidth_gbps=bandwidth_gbps)["strategy"]
+        choice = _planned_choice(groups, config, seq_len=seq_len, batch=batch, dtype=dtype, ulysses=groups.ulysses,
+                                 partitions=[partition], overlap=bool(overlap), hardware=plan_hardware,
+                                 bandwidth_gbps=bandwidth_gbps, cpu_run=first.device.type == "cpu")
+        strategy = choice["strategy"]
+        kv_recompute = kv_recompute or choice["kv_recompute"]  # the planner's, when memory is short
     handle = CpModel(model, groups, strategy, partition, overlap, kernel, kv_recompute)
     for name, attention in layers:
         version = 2 if any(c.__name__ == "DeepseekV2Attention" for c in type(attention).__mro__) else 3

@@ -226,7 +226,7 @@ PlanReport plan_context_parallel(const PlanRequest& request) {
             all.push_back(evaluate(spec, &short_of_memory));
             // Short of memory: the latent strategy may keep the latent instead of head-block K/V.
             if (short_of_memory && request.kv_recompute_when_short && strategy == CpStrategy::latent_kv_head &&
-                cp > 1) {
+                cp > 1 && request.kernel == AttentionKernel::blockwise) {
               spec.kv_recompute = true;
               all.push_back(evaluate(spec, &short_of_memory));
             }

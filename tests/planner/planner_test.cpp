@@ -270,6 +270,7 @@ TEST(Planner, ChoosesKvRecomputeOnlyWhenTheLayerDoesNotFitWithoutIt) {
   r.ulysses = 1;  // all 16 heads in one block: K/V of all S keys for 16 heads, or of a sub-block
   r.partitions = {CpPartition::head_tail};
   r.overlaps = {true};
+  r.kv_recompute_when_short = true;  // a CPU run
   PlanReport roomy = plan_context_parallel(r);
   ASSERT_TRUE(roomy.any_feasible());
   for (const CandidatePrediction& x : roomy.candidates) EXPECT_FALSE(x.spec.kv_recompute) << x.label();

@@ -59,6 +59,47 @@ def test_the_binding_returns_the_planners_report():
     assert "chosen: " + choice["label"] in report["explanation"]
 
 
+def _tight_cpu_hardware(path):
+    """A CPU host of 2 ranks whose memory is just short of the latent layer's (by the planner's
+    own count): it fits only with K/V recompute."""
+    import mlacp
+    import mlacp.hf
+
+    rates = {"gemm_flops": 1e10, "attention_forward_flops": 1e10, "attention_backward_flops": 1e10}
+    hardware = {"name": "tight cpu", "cores_per_node": 2, "devices_per_node": 2, "memory_bytes": 1e12,
+                "intra_node": {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-5}, "rates": {"float64": rates}}
+    with open(path, "w") as f:
+        json.dump(hardware, f)
+    report = mlacp._C.plan(config=mlacp.hf.attention_config(models.tiny_config()), seq_len=32, cp=2, dtype="float64",
+                           strategies=["latent_kv_head"], ulysses=2, partitions=["head_tail"], overlap=True,
+                           hardware=str(path))
+    need = max(c["memory_bytes"] for c in report["candidates"] if c["feasible"])
+    hardware["memory_bytes"] = 2 * 0.999 * need  # the host's, shared by its 2 ranks
+    with open(path, "w") as f:
+        json.dump(hardware, f)
+
+
+def _kv_recompute_worker(rank, world, hardware):
+    import mlacp
+    import mlacp.hf
+
+    config = models.tiny_config()
+    reference = models.tiny_model(config, torch.float64)
+    patched = models.clone(reference)
+    groups = mlacp.ContextParallelGroups(dist.group.WORLD)
+    cp = mlacp.hf.parallelize_model(patched, groups, strategy="auto", seq_len=32, plan_hardware=hardware)
+    return {"strategy": cp.strategy, "kv_recompute": cp.kv_recompute,
+            "loss_error": _loss_error(cp, patched, reference, groups, seed=5)}
+
+
+def test_auto_recomputes_kv_where_the_layer_does_not_fit_without_it(tmp_path):
+    hardware = tmp_path / "tight.json"
+    _tight_cpu_hardware(hardware)
+    out = distributed.results(distributed.run(_kv_recompute_worker, 2, str(hardware)))
+    assert all(o["strategy"] == "latent_kv_head" and o["kv_recompute"] for o in out), out
+    assert all(o["loss_error"] < 1e-10 for o in out), out
+
+
 def _auto_groups_worker(rank, world):
     import mlacp
     import mlacp.hf
