@@ -56,11 +56,6 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   } else {
     hw = hardware_named(q.hardware);
   }
-  if (q.memory_bytes_per_rank > 0) {
-    // The planner divides a CPU host's memory among its ranks (cores_per_node set); a device's is its own.
-    hw.memory_bytes = q.memory_bytes_per_rank;
-    if (hw.cores_per_node > 0) hw.memory_bytes *= static_cast<double>(std::min<int64_t>(q.cp * q.tp, hw.devices_per_node));
-  }
   PlanRequest r;
   r.config = q.config;
   r.seq_len = q.seq_len;
@@ -79,6 +74,7 @@ PlanReport plan_for_auto(const AutoPlanQuery& q) {
   r.emulated_link.bandwidth_bytes_per_s = q.bandwidth_gbps * 1e9;
   r.emulated_link.latency_s = q.latency_us * 1e-6;
   r.kv_recompute_when_short = q.cpu_run;
+  r.memory_per_rank_bytes = q.memory_bytes_per_rank;
   PlanReport report = plan_context_parallel(r);
   MLACP_REQUIRE(report.any_feasible(), "plan", "--strategy/--ulysses auto found no feasible candidate",
                 {got("reason", report.explanation)}, "fix the run's degrees or give the strategy");

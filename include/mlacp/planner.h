@@ -90,6 +90,9 @@ struct PlanRequest {
   // latent candidate whose layer does not fit in the hardware's memory is also tried with it.
   // Set it for a run whose tensors are on the CPU; false: never.
   bool kv_recompute_when_short = false;
+  // The memory a rank may use, in place of the hardware's (a CPU host's memory_bytes over its
+  // ranks, a device's own): e.g. the run's memory limit over the host's ranks. 0: the hardware's.
+  double memory_per_rank_bytes = 0;
   AttentionKernel kernel = AttentionKernel::blockwise;
   bool causal = true;
   Hardware hardware;

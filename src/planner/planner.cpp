@@ -188,16 +188,17 @@ PlanReport plan_context_parallel(const PlanRequest& request) {
       check_shardable(spec.partition, request.seq_len, spec.cp);
       pred = predict_step(plan, request);
       const Hardware& hw = request.hardware;
-      if (hw.memory_bytes > 0) {
-        double capacity = hw.memory_bytes;
+      double capacity = request.memory_per_rank_bytes;
+      if (capacity <= 0 && hw.memory_bytes > 0) {
+        capacity = hw.memory_bytes;
         if (hw.cores_per_node > 0)
           capacity /= static_cast<double>(std::min<int64_t>(spec.cp * spec.tp, hw.devices_per_node));
-        if (pred.memory_bytes > capacity) {
-          pred.feasible = false;
-          pred.infeasible_reason = "one layer's forward + backward needs " + format_bytes(pred.memory_bytes) +
-                                   " per rank; the device has " + format_bytes(capacity);
-          *short_of_memory = true;
-        }
+      }
+      if (capacity > 0 && pred.memory_bytes > capacity) {
+        pred.feasible = false;
+        pred.infeasible_reason = "one layer's forward + backward needs " + format_bytes(pred.memory_bytes) +
+                                 " per rank; the device has " + format_bytes(capacity);
+        *short_of_memory = true;
       }
     } catch (const Error& e) {
       if (e.rule().rfind("internal", 0) == 0) throw;
