@@ -415,6 +415,7 @@ void dispatch_path(BlockwisePath path, Fn&& fn) {
     case BlockwisePath::float32_avx512: return fn(F32Avx512{});
     case BlockwisePath::bf16_avx512: return fn(Bf16Avx512{});
     case BlockwisePath::bf16_via_f32_avx512: return fn(Bf16ViaF32Avx512{});
+    case BlockwisePath::bf16_amx: return fn(Bf16Amx{});
 #endif
     default: fail(kWhat, "internal: unsupported path", {got("path", path_name(path))}, "report this");
   }

@@ -32,7 +32,9 @@ namespace mlacp {
 // Which compiled code path runs. `automatic` picks the fastest the CPU supports:
 //   float64                      -> float64_portable
 //   float32                      -> float32_avx512 (AVX-512F) or float32_portable
-//   bf16 inputs / bf16 autocast  -> bf16_avx512 (AVX-512-BF16 dot products: bf16 products,
+//   bf16 inputs / bf16 autocast  -> bf16_amx (the GEMMs on AMX tiles: bf16 products, float32
+//                                   sums) where the tiles outrun the CPU's float32 FMAs, else
+//                                   bf16_avx512 (AVX-512-BF16 dot products: bf16 products,
 //                                   float32 sums) where that instruction outruns the CPU's float32
 //                                   FMAs, else bf16_via_f32_avx512 (the bf16 values on float32
 //                                   FMAs: exact products, float32 sums, P and dS kept in float32),
@@ -43,7 +45,8 @@ enum class BlockwisePath {
   float32_portable,
   float32_avx512,
   bf16_avx512,
-  bf16_via_f32_avx512
+  bf16_via_f32_avx512,
+  bf16_amx
 };
 std::string path_name(BlockwisePath path);
 
@@ -52,6 +55,7 @@ struct Bf16PathChoice {
   BlockwisePath path = BlockwisePath::float32_portable;
   double dot_gflops = 0;  // AVX-512-BF16 micro-kernel, one thread (0: no AVX-512-BF16)
   double fma_gflops = 0;  // float32 AVX-512 micro-kernel, one thread (0: not measured)
+  double amx_gflops = 0;  // AMX-BF16 GEMM of a 64 x 64 x 128 block, one thread (0: no AMX)
   std::string reason;     // one line for bench-kernel and info
 };
 Bf16PathChoice bf16_path_choice();

@@ -1,9 +1,15 @@
-// Blockwise attention GEMM: micro-kernels (portable, AVX-512 float32, AVX-512-BF16), the gemm<P>
+// Blockwise attention GEMM: micro-kernels (portable, AVX-512 float32, AVX-512-BF16, AMX-BF16), the gemm<P>
 // driver that tiles C over them (instantiated per path), and the AVX-512 row helpers.
 #include "kernels/blockwise_gemm.h"
 
 #include <chrono>
 #include <vector>
+
+#if MLACP_X86
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace mlacp::blockwise_detail {
 
@@ -152,9 +158,122 @@ const UkF32 kUkF32[kMR][kNV] = {MLACP_UK_ROW(ukernel_f32, 1), MLACP_UK_ROW(ukern
 const UkBf16 kUkBf16[kMR][kNV] = {MLACP_UK_ROW(ukernel_bf16, 1), MLACP_UK_ROW(ukernel_bf16, 2),
                                   MLACP_UK_ROW(ukernel_bf16, 3), MLACP_UK_ROW(ukernel_bf16, 4)};
 #undef MLACP_UK_ROW
+
+// AMX: C[m × n] (=|+=) A · B on tiles. Tiles 0-3 hold C (16 rows × 16 float32 columns each, one
+// per 16 columns of a 64-column panel), tile 4 a 16-row × 16-pair chunk of A, tiles 5-7 chunks of
+// B (16 pairs × 16 columns: the packed panel rows, already in the pair layout TDPBF16PS reads).
+// A's 16-row block is copied first, zero-padded to whole 16-pair chunks (any rs, cs; rows past m
+// are zeros); a panel's partial last chunk is copied zero-padded; C tiles go through a scratch
+// block, so partial rows and columns (and `accumulate`) are handled outside the tile unit.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+MLACP_AMX void gemm_amx(int64_t m, int64_t n, int64_t ku, const c10::BFloat16* a, int64_t rs, int64_t cs,
+                        const c10::BFloat16* b, float* c, int64_t ldc, bool accumulate, int64_t n_store) {
+  using E = c10::BFloat16;
+  constexpr int64_t kPairsPerChunk = 16, kChunkElems = 2 * kPairsPerChunk;  // 64 bytes per tile row
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  const int64_t chunks = ceil_div(ku, kPairsPerChunk), rem = ku - (chunks - 1) * kPairsPerChunk;
+  const int64_t a_ld = chunks * kChunkElems;  // elements per row of the A copy
+  thread_local std::vector<E> a_copy;
+  a_copy.resize(static_cast<size_t>(16 * a_ld));
+  alignas(64) E b_tail[kNV][kPairsPerChunk * kChunkElems];
+  alignas(64) float c_tile[16 * kNR];
+  for (int64_t i0 = 0; i0 < m; i0 += 16) {
+    const int64_t mr = std::min<int64_t>(16, m - i0);
+    for (int64_t r = 0; r < 16; ++r) {
+      E* dst = a_copy.data() + r * a_ld;
+      int64_t p = 0;
+      if (r < mr) {
+        const E* src = a + (i0 + r) * rs;
+        if (cs == 2) {
+          std::memcpy(dst, src, static_cast<size_t>(2 * ku) * sizeof(E));
+          p = ku;
+        } else {
+          for (; p < ku; ++p) std::memcpy(dst + 2 * p, src + p * cs, 2 * sizeof(E));
+        }
+      }
+      std::memset(static_cast<void*>(dst + 2 * p), 0, static_cast<size_t>(a_ld - 2 * p) * sizeof(E));
+    }
+    for (int64_t n0 = 0; n0 < n; n0 += kNR) {
+      const int64_t w = round_up(std::min(kNR, n - n0), kLanes), nv = w / kLanes;
+      const int64_t cols = std::min(w, n_store - n0), ldb = w * 2;
+      const E* bp = b + (n0 / kNR) * ku * kNR * 2;
+      if (rem < kPairsPerChunk)
+        for (int64_t v = 0; v < nv; ++v) {
+          std::memset(static_cast<void*>(b_tail[v]), 0, sizeof b_tail[v]);
+          for (int64_t p = 0; p < rem; ++p)
+            std::memcpy(b_tail[v] + p * kChunkElems, bp + ((chunks - 1) * kPairsPerChunk + p) * ldb + v * kChunkElems,
+                        kChunkElems * sizeof(E));
+        }
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t j = 0; j < chunks; ++j) {
+        _tile_loadd(4, a_copy.data() + j * kChunkElems, a_ld * sizeof(E));
+        const bool tail = j == chunks - 1 && rem < kPairsPerChunk;
+        auto src = [&](int64_t v) { return tail ? b_tail[v] : bp + j * kPairsPerChunk * ldb + v * kChunkElems; };
+        const int64_t stride = (tail ? kChunkElems : ldb) * static_cast<int64_t>(sizeof(E));
+        _tile_loadd(5, src(0), stride);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nv > 1) {
+          _tile_loadd(6, src(1), stride);
+          _tile_dpbf16ps(1, 4, 6);
+        }
+        if (nv > 2) {
+          _tile_loadd(7, src(2), stride);
+          _tile_dpbf16ps(2, 4, 7);
+        }
+        if (nv > 3) {
+          _tile_loadd(5, src(3), stride);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+      }
+      constexpr int64_t c_stride = kNR * sizeof(float);
+      _tile_stored(0, c_tile, c_stride);
+      if (nv > 1) _tile_stored(1, c_tile + 16, c_stride);
+      if (nv > 2) _tile_stored(2, c_tile + 32, c_stride);
+      if (nv > 3) _tile_stored(3, c_tile + 48, c_stride);
+      for (int64_t r = 0; r < mr; ++r) {
+        float* cr = c + (i0 + r) * ldc + n0;
+        const float* t = c_tile + r * kNR;
+        for (int64_t v = 0; v * kLanes < cols; ++v) {
+          const int64_t lanes = std::min<int64_t>(kLanes, cols - v * kLanes);
+          const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+          __m512 x = _mm512_load_ps(t + v * kLanes);
+          if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, cr + v * kLanes));
+          _mm512_mask_storeu_ps(cr + v * kLanes, mask, x);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
 #endif
 
 }  // namespace
+
+bool cpu_has_amx_bf16() {
+#if MLACP_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 // C[M × N] (=|+=) A[M × K] · B (panels). Columns [N, n_store) of C are written too (zeros
 // from B's padding) so score tiles have finite padding lanes; n_store ≤ round_up(N, 16).
@@ -171,6 +290,9 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, i
   }
   const int64_t ku = P::kPairs ? ceil_div(k, 2) : k;
   const int64_t unit = P::kPairs ? 2 : 1;
+#if MLACP_X86
+  if constexpr (P::kAmx) return gemm_amx(m, n, ku, a, rs, cs, b, c, ldc, accumulate, n_store);
+#endif
   for (int64_t n0 = 0; n0 < n; n0 += kNR) {
     const int64_t w = round_up(std::min(kNR, n - n0), kLanes);
     const int64_t cols = std::min(w, n_store - n0);
@@ -202,6 +324,7 @@ MLACP_GEMM(F32Portable)
 #if MLACP_X86
 MLACP_GEMM(F32Avx512)
 MLACP_GEMM(Bf16Avx512)
+MLACP_GEMM(Bf16Amx)
 MLACP_GEMM(Bf16ViaF32Avx512)
 #endif
 #undef MLACP_GEMM
@@ -245,6 +368,29 @@ bool bf16_dot_outruns_f32_fma(double* dot_gflops, double* fma_gflops) {
   if (dot_gflops) *dot_gflops = rates.dot;
   if (fma_gflops) *fma_gflops = rates.fma;
   return rates.dot_wins;
+}
+
+double amx_bf16_gflops() {
+  static const double rate = [] {
+    double r = 0;
+#if MLACP_X86
+    if (!cpu_has_amx_bf16()) return r;
+    constexpr int64_t m = 64, n = 64, k = 128, calls = 1500;
+    std::vector<c10::BFloat16> a(m * k, c10::BFloat16(0.5f)), b(k * n, c10::BFloat16(0.25f));
+    std::vector<float> c(m * n);
+    double best = 1e30;
+    for (int round = 0; round < 5; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < calls; ++i) gemm<Bf16Amx>(m, n, k, a.data(), k, 2, b.data(), c.data(), n, false);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    volatile float sink = c[0];
+    (void)sink;
+    r = 2.0 * m * n * k * calls / best * 1e-9;
+#endif
+    return r;
+  }();
+  return rate;
 }
 
 }  // namespace mlacp::blockwise_detail

@@ -51,7 +51,7 @@ void convert_row(const char* src, at::ScalarType dtype, int64_t n, typename P::E
       break;
     case at::kFloat:
 #if MLACP_X86
-      if constexpr (std::is_same_v<P, Bf16Avx512>) {
+      if constexpr (P::kPairs && P::kAvx) {  // Bf16Avx512, Bf16Amx
         f32_to_bf16_avx512(reinterpret_cast<const float*>(src), n, dst);
         break;
       }
@@ -207,5 +207,9 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, i
 // float32 FMAs in arithmetic per second by a clear margin (1.25x): timed once per process on the
 // two micro-kernels over cache-resident panels. Fills the measured rates (GFLOP/s, one thread).
 bool bf16_dot_outruns_f32_fma(double* dot_gflops = nullptr, double* fma_gflops = nullptr);
+
+// GFLOP/s of gemm<Bf16Amx> on one thread (a 64 x 64 x 128 product, its operand copies included,
+// in cache; best of 5), timed once per process; 0 where cpu_has_amx_bf16() is false.
+double amx_bf16_gflops();
 
 }  // namespace mlacp::blockwise_detail

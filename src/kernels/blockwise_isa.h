@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #define MLACP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define MLACP_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16")))
+#define MLACP_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16,amx-tile,amx-bf16")))
 // GCC 12 reports its own _mm512_undefined_ps() inside _mm512_max_ps & co. as maybe-uninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -46,6 +47,7 @@ struct F64Portable {
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
   static constexpr bool kRoundBf16 = false;
+  static constexpr bool kAmx = false;
 };
 struct F32Portable {
   using E = float;
@@ -53,6 +55,7 @@ struct F32Portable {
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
   static constexpr bool kRoundBf16 = false;
+  static constexpr bool kAmx = false;
 };
 struct F32Avx512 {
   using E = float;
@@ -60,6 +63,7 @@ struct F32Avx512 {
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = true;
   static constexpr bool kRoundBf16 = false;
+  static constexpr bool kAmx = false;
 };
 // bf16 products and float32 sums in AVX-512-BF16's dot-product instruction.
 struct Bf16Avx512 {
@@ -68,6 +72,12 @@ struct Bf16Avx512 {
   static constexpr bool kPairs = true;
   static constexpr bool kAvx = true;
   static constexpr bool kRoundBf16 = false;
+  static constexpr bool kAmx = false;
+};
+// The same operands and sums on AMX tiles (TDPBF16PS: 16 x 16 float32 outputs per instruction,
+// bf16 pairs): every GEMM of the bf16 path on the tile unit, the rest as in Bf16Avx512.
+struct Bf16Amx : Bf16Avx512 {
+  static constexpr bool kAmx = true;
 };
 // bf16 semantics on float32 FMAs: operands are bf16 values (bf16 tensors widened; float32
 // inputs under bf16 autocast rounded to bf16 first) held as float32, so each product is exact
@@ -79,6 +89,7 @@ struct Bf16ViaF32Avx512 {
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = true;
   static constexpr bool kRoundBf16 = true;
+  static constexpr bool kAmx = false;
 };
 
 template <class T>
@@ -106,6 +117,10 @@ inline bool cpu_has_avx512_bf16() {
   return false;
 #endif
 }
+
+// AMX-BF16 tiles, usable by this process: the CPU has them (CPUID) and Linux granted the tile
+// state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process).
+bool cpu_has_amx_bf16();
 
 #if MLACP_X86
 // Interleaves two 16-lane bf16 rows into 16 pairs (bf16 B panels and P/dS pair layouts).

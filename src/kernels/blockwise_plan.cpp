@@ -68,7 +68,8 @@ BlockwisePath choose_path(const at::Tensor& q, BlockwisePath requested) {
     const bool ok = q.scalar_type() == at::kDouble ? requested == BlockwisePath::float64_portable
                                                    : requested != BlockwisePath::float64_portable &&
                                                          (bf16 || (requested != BlockwisePath::bf16_avx512 &&
-                                                                   requested != BlockwisePath::bf16_via_f32_avx512));
+                                                                   requested != BlockwisePath::bf16_via_f32_avx512 &&
+                                                                   requested != BlockwisePath::bf16_amx));
     MLACP_REQUIRE(ok, kWhat, "the requested code path does not compute this dtype",
                   {got("path", path_name(requested)), got("dtype", c10::toString(q.scalar_type())),
                    got("bf16_autocast", autocast_bf16)},
@@ -202,6 +203,7 @@ namespace mlacp {
 
 using blockwise_detail::cpu_has_avx512;
 using blockwise_detail::cpu_has_avx512_bf16;
+using blockwise_detail::cpu_has_amx_bf16;
 
 std::string path_name(BlockwisePath path) {
   switch (path) {
@@ -211,6 +213,7 @@ std::string path_name(BlockwisePath path) {
     case BlockwisePath::float32_avx512: return "float32_avx512";
     case BlockwisePath::bf16_avx512: return "bf16_avx512";
     case BlockwisePath::bf16_via_f32_avx512: return "bf16_via_f32_avx512";
+    case BlockwisePath::bf16_amx: return "bf16_amx";
   }
   return "unknown";
 }
@@ -218,11 +221,16 @@ std::string path_name(BlockwisePath path) {
 Bf16PathChoice bf16_path_choice() {
   Bf16PathChoice c;
   const bool dot_wins = blockwise_detail::bf16_dot_outruns_f32_fma(&c.dot_gflops, &c.fma_gflops);
+  c.amx_gflops = blockwise_detail::amx_bf16_gflops();
   auto rates = [&] {
-    return " (micro-kernels on one thread: bf16 dot product " + std::to_string(static_cast<int>(c.dot_gflops + 0.5)) +
-           " GFLOP/s, float32 FMA " + std::to_string(static_cast<int>(c.fma_gflops + 0.5)) + ")";
+    auto r = [](double x) { return std::to_string(static_cast<int>(x + 0.5)); };
+    return " (micro-kernels on one thread: " + (c.amx_gflops > 0 ? "AMX tiles " + r(c.amx_gflops) + " GFLOP/s, " : "") +
+           "bf16 dot product " + r(c.dot_gflops) + " GFLOP/s, float32 FMA " + r(c.fma_gflops) + ")";
   };
-  if (dot_wins) {
+  if (c.amx_gflops >= 1.25 * std::max(c.dot_gflops, c.fma_gflops)) {
+    c.path = BlockwisePath::bf16_amx;
+    c.reason = "bf16_amx: AMX tiles outrun this CPU's bf16 dot product and float32 FMAs" + rates();
+  } else if (dot_wins) {
     c.path = BlockwisePath::bf16_avx512;
     c.reason = "bf16_avx512: the AVX-512-BF16 dot product outruns float32 FMAs" + rates();
   } else if (cpu_has_avx512()) {
@@ -241,6 +249,7 @@ bool path_supported(BlockwisePath path) {
     case BlockwisePath::float32_avx512: return cpu_has_avx512();
     case BlockwisePath::bf16_avx512: return cpu_has_avx512_bf16();
     case BlockwisePath::bf16_via_f32_avx512: return cpu_has_avx512();
+    case BlockwisePath::bf16_amx: return cpu_has_amx_bf16();
     default: return true;
   }
 }

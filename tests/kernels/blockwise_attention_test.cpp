@@ -161,7 +161,7 @@ std::vector<BlockwisePath> float32_paths() {
 // The bf16 paths this CPU runs, forced, after the kernel's own choice.
 std::vector<BlockwisePath> bf16_paths() {
   std::vector<BlockwisePath> paths{BlockwisePath::automatic};
-  for (BlockwisePath p : {BlockwisePath::bf16_avx512, BlockwisePath::bf16_via_f32_avx512})
+  for (BlockwisePath p : {BlockwisePath::bf16_avx512, BlockwisePath::bf16_via_f32_avx512, BlockwisePath::bf16_amx})
     if (path_supported(p)) paths.push_back(p);
   return paths;
 }
@@ -236,8 +236,13 @@ TEST(BlockwiseAttention, Bf16PathChoiceIsARunnablePathWithItsMeasurement) {
   const Bf16PathChoice c = bf16_path_choice();
   EXPECT_TRUE(path_supported(c.path)) << c.reason;
   EXPECT_NE(c.reason.find(path_name(c.path)), std::string::npos) << c.reason;
+  const double others = std::max(c.dot_gflops, c.fma_gflops);
+  if (c.path == BlockwisePath::bf16_amx) EXPECT_GE(c.amx_gflops, 1.25 * others) << c.reason;
+  if (c.amx_gflops > 0 && c.path != BlockwisePath::bf16_amx) EXPECT_LT(c.amx_gflops, 1.25 * others) << c.reason;
+  EXPECT_EQ(c.amx_gflops > 0, path_supported(BlockwisePath::bf16_amx)) << c.reason;
   if (c.path == BlockwisePath::bf16_avx512) EXPECT_GE(c.dot_gflops, 1.25 * c.fma_gflops) << c.reason;
-  if (c.dot_gflops > 0 && c.path != BlockwisePath::bf16_avx512) EXPECT_LT(c.dot_gflops, 1.25 * c.fma_gflops) << c.reason;
+  if (c.dot_gflops > 0 && c.path != BlockwisePath::bf16_avx512 && c.path != BlockwisePath::bf16_amx)
+    EXPECT_LT(c.dot_gflops, 1.25 * c.fma_gflops) << c.reason;
   Case k{"choice", 1, 2, 20, 20, 8, 6, true};
   BlockwiseStats stats;
   blockwise_run(k, make_inputs(k), at::kBFloat16, BlockwisePath::automatic, &stats);
