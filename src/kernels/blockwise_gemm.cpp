@@ -159,12 +159,18 @@ const UkBf16 kUkBf16[kMR][kNV] = {MLACP_UK_ROW(ukernel_bf16, 1), MLACP_UK_ROW(uk
                                   MLACP_UK_ROW(ukernel_bf16, 3), MLACP_UK_ROW(ukernel_bf16, 4)};
 #undef MLACP_UK_ROW
 
-// AMX: C[m × n] (=|+=) A · B on tiles. Tiles 0-3 hold C (16 rows × 16 float32 columns each, one
-// per 16 columns of a 64-column panel), tile 4 a 16-row × 16-pair chunk of A, tiles 5-7 chunks of
-// B (16 pairs × 16 columns: the packed panel rows, already in the pair layout TDPBF16PS reads).
-// A's 16-row block is copied first, zero-padded to whole 16-pair chunks (any rs, cs; rows past m
-// are zeros); a panel's partial last chunk is copied zero-padded; C tiles go through a scratch
-// block, so partial rows and columns (and `accumulate`) are handled outside the tile unit.
+// AMX: C[m × n] (=|+=) A · B on tiles, 32 × 32 of C at a time: tiles 0-3 hold C (rows 0-15 and
+// 16-31 × columns 0-15 and 16-31, 16 × 16 float32 each), tiles 4-5 the two 16-row × 16-pair
+// chunks of A, tiles 6-7 two chunks of B (16 pairs × 16 columns: the packed panel rows, already
+// in the pair layout TDPBF16PS reads). Each chunk step loads 2 A and 2 B tiles for 4 products, so
+// a load never waits on the product before it. A is read in place where its rows are
+// pair-contiguous (cs = 2) and whole (32 rows, whole chunks); else its 32-row block is copied
+// once, zero-padded to whole chunks: rows past m are zeros, and A stored pair-transposed (rs = 2:
+// P and dS key pairs) is turned by 16 × 16 transposes of 32-bit pairs. A panel's partial last
+// chunk is copied zero-padded. A whole C tile (16 rows × 16 columns of C) is loaded from C when
+// accumulating (C + chunk + chunk ...) and stored in place; a partial one starts at zero and
+// leaves through a scratch tile, where its rows, columns and `accumulate` are applied with
+// AVX-512 masks (C + Σ chunks).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -172,35 +178,97 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// r[k] = column k of the 16 × 16 matrix of 32-bit elements whose rows were r[0..15].
+MLACP_AVX512 inline void transpose16x16_u32(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[g·4 + c]: column 4·lane + c of rows 4g..4g+3, per 128-bit lane
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i lo01 = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i hi01 = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i lo23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i hi23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    r[c] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + c] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + c] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + c] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// C[rows × lanes] (=|+=) tile[rows × lanes] (tile rows 16 floats apart).
+MLACP_AVX512 void add_tile(const float* tile, int64_t rows, int64_t lanes, float* c, int64_t ldc, bool accumulate) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512 x = _mm512_load_ps(tile + r * 16);
+    if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, c + r * ldc));
+    _mm512_mask_storeu_ps(c + r * ldc, mask, x);
+  }
+}
+
 MLACP_AMX void gemm_amx(int64_t m, int64_t n, int64_t ku, const c10::BFloat16* a, int64_t rs, int64_t cs,
                         const c10::BFloat16* b, float* c, int64_t ldc, bool accumulate, int64_t n_store) {
   using E = c10::BFloat16;
   constexpr int64_t kPairsPerChunk = 16, kChunkElems = 2 * kPairsPerChunk;  // 64 bytes per tile row
+  constexpr int64_t kRows = 32;                                             // C rows per step
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
   const int64_t chunks = ceil_div(ku, kPairsPerChunk), rem = ku - (chunks - 1) * kPairsPerChunk;
   const int64_t a_ld = chunks * kChunkElems;  // elements per row of the A copy
   thread_local std::vector<E> a_copy;
-  a_copy.resize(static_cast<size_t>(16 * a_ld));
+  if (a_copy.size() < static_cast<size_t>(kRows * a_ld)) a_copy.resize(static_cast<size_t>(kRows * a_ld));
   alignas(64) E b_tail[kNV][kPairsPerChunk * kChunkElems];
-  alignas(64) float c_tile[16 * kNR];
-  for (int64_t i0 = 0; i0 < m; i0 += 16) {
-    const int64_t mr = std::min<int64_t>(16, m - i0);
-    for (int64_t r = 0; r < 16; ++r) {
-      E* dst = a_copy.data() + r * a_ld;
-      int64_t p = 0;
-      if (r < mr) {
-        const E* src = a + (i0 + r) * rs;
-        if (cs == 2) {
-          std::memcpy(dst, src, static_cast<size_t>(2 * ku) * sizeof(E));
-          p = ku;
-        } else {
-          for (; p < ku; ++p) std::memcpy(dst + 2 * p, src + p * cs, 2 * sizeof(E));
+  alignas(64) float c_tile[16 * 16];
+  for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+    const int64_t mr = std::min(kRows, m - i0);
+    const bool two_rows = mr > 16;
+    const E* a_tiles = a + i0 * rs;  // where tiles 4-5 read: A in place, or its copy
+    int64_t a_stride = rs;           // elements between A's rows there
+    if (cs != 2 || mr < kRows || rem < kPairsPerChunk) {
+      a_tiles = a_copy.data(), a_stride = a_ld;
+      if (rs == 2 && cs % 2 == 0) {  // pair-transposed: pair (r, p) at a + 2r + p·cs
+        for (int64_t h = 0; h < kRows; h += 16) {
+          const auto* src = reinterpret_cast<const uint32_t*>(a + (i0 + h) * rs);
+          const int64_t valid = std::clamp<int64_t>(mr - h, 0, 16);
+          const __mmask16 rows = static_cast<__mmask16>((1u << valid) - 1);
+          for (int64_t j = 0; j < chunks; ++j) {
+            __m512i t[16];
+            for (int64_t q = 0; q < 16; ++q) {
+              const int64_t p = j * kPairsPerChunk + q;
+              t[q] = p < ku && valid > 0 ? _mm512_maskz_loadu_epi32(rows, src + p * (cs / 2)) : _mm512_setzero_si512();
+            }
+            transpose16x16_u32(t);
+            for (int64_t r = 0; r < 16; ++r)
+              _mm512_storeu_si512(a_copy.data() + (h + r) * a_ld + j * kChunkElems, t[r]);
+          }
+        }
+      } else {
+        for (int64_t r = 0; r < kRows; ++r) {
+          E* dst = a_copy.data() + r * a_ld;
+          int64_t p = 0;
+          if (r < mr) {
+            const E* src = a + (i0 + r) * rs;
+            if (cs == 2) {
+              std::memcpy(dst, src, static_cast<size_t>(2 * ku) * sizeof(E));
+              p = ku;
+            } else {
+              for (; p < ku; ++p) std::memcpy(dst + 2 * p, src + p * cs, 2 * sizeof(E));
+            }
+          }
+          std::memset(static_cast<void*>(dst + 2 * p), 0, static_cast<size_t>(a_ld - 2 * p) * sizeof(E));
         }
       }
-      std::memset(static_cast<void*>(dst + 2 * p), 0, static_cast<size_t>(a_ld - 2 * p) * sizeof(E));
     }
+    const E* a_hi = a_tiles + 16 * a_stride;
+    const int64_t a_bytes = a_stride * static_cast<int64_t>(sizeof(E));
     for (int64_t n0 = 0; n0 < n; n0 += kNR) {
       const int64_t w = round_up(std::min(kNR, n - n0), kLanes), nv = w / kLanes;
       const int64_t cols = std::min(w, n_store - n0), ldb = w * 2;
@@ -212,45 +280,64 @@ MLACP_AMX void gemm_amx(int64_t m, int64_t n, int64_t ku, const c10::BFloat16* a
             std::memcpy(b_tail[v] + p * kChunkElems, bp + ((chunks - 1) * kPairsPerChunk + p) * ldb + v * kChunkElems,
                         kChunkElems * sizeof(E));
         }
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t j = 0; j < chunks; ++j) {
-        _tile_loadd(4, a_copy.data() + j * kChunkElems, a_ld * sizeof(E));
-        const bool tail = j == chunks - 1 && rem < kPairsPerChunk;
-        auto src = [&](int64_t v) { return tail ? b_tail[v] : bp + j * kPairsPerChunk * ldb + v * kChunkElems; };
-        const int64_t stride = (tail ? kChunkElems : ldb) * static_cast<int64_t>(sizeof(E));
-        _tile_loadd(5, src(0), stride);
-        _tile_dpbf16ps(0, 4, 5);
-        if (nv > 1) {
-          _tile_loadd(6, src(1), stride);
-          _tile_dpbf16ps(1, 4, 6);
+      for (int64_t v0 = 0; v0 < nv; v0 += 2) {
+        const bool two_cols = v0 + 1 < nv;
+        // A whole C tile is loaded (accumulate) or zeroed, summed into and stored in place; a partial
+        // one starts at zero and leaves through c_tile and masks.
+        auto whole = [&](int64_t r0, int64_t v) { return mr - r0 >= 16 && cols - v * kLanes >= kLanes; };
+        auto at = [&](int64_t r0, int64_t v) { return c + (i0 + r0) * ldc + n0 + v * kLanes; };
+        const int64_t c_bytes = ldc * static_cast<int64_t>(sizeof(float)), t_bytes = 16 * sizeof(float);
+#define MLACP_AMX_INIT(T, R0, V)                                 \
+  if (accumulate && whole(R0, V)) {                              \
+    _tile_loadd(T, at(R0, V), c_bytes);                          \
+  } else {                                                       \
+    _tile_zero(T);                                               \
+  }
+        MLACP_AMX_INIT(0, 0, v0)
+        MLACP_AMX_INIT(1, 0, v0 + 1)
+        MLACP_AMX_INIT(2, 16, v0)
+        MLACP_AMX_INIT(3, 16, v0 + 1)
+#undef MLACP_AMX_INIT
+        for (int64_t j = 0; j < chunks; ++j) {
+          const bool tail = j == chunks - 1 && rem < kPairsPerChunk;
+          auto src = [&](int64_t v) { return tail ? b_tail[v] : bp + j * kPairsPerChunk * ldb + v * kChunkElems; };
+          const int64_t b_bytes = (tail ? kChunkElems : ldb) * static_cast<int64_t>(sizeof(E));
+          _tile_loadd(4, a_tiles + j * kChunkElems, a_bytes);
+          _tile_loadd(6, src(v0), b_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          if (two_rows) {
+            _tile_loadd(5, a_hi + j * kChunkElems, a_bytes);
+            _tile_dpbf16ps(2, 5, 6);
+          }
+          if (two_cols) {
+            _tile_loadd(7, src(v0 + 1), b_bytes);
+            _tile_dpbf16ps(1, 4, 7);
+            if (two_rows) _tile_dpbf16ps(3, 5, 7);
+          }
         }
-        if (nv > 2) {
-          _tile_loadd(7, src(2), stride);
-          _tile_dpbf16ps(2, 4, 7);
+        // C tile (row half r0, column vector v): in place, or through c_tile and masks.
+        auto finish = [&](int64_t r0, int64_t v) {
+          const int64_t rows = std::min<int64_t>(16, mr - r0), lanes = std::min<int64_t>(kLanes, cols - v * kLanes);
+          if (rows > 0 && lanes > 0) add_tile(c_tile, rows, lanes, c + (i0 + r0) * ldc + n0 + v * kLanes, ldc, accumulate);
+        };
+#define MLACP_AMX_STORE(T, R0, V)               \
+  if (whole(R0, V)) {                           \
+    _tile_stored(T, at(R0, V), c_bytes);        \
+  } else {                                      \
+    _tile_stored(T, c_tile, t_bytes);           \
+    finish(R0, V);                              \
+  }
+        MLACP_AMX_STORE(0, 0, v0)
+        if (two_cols) {
+          MLACP_AMX_STORE(1, 0, v0 + 1)
         }
-        if (nv > 3) {
-          _tile_loadd(5, src(3), stride);
-          _tile_dpbf16ps(3, 4, 5);
+        if (two_rows) {
+          MLACP_AMX_STORE(2, 16, v0)
+          if (two_cols) {
+            MLACP_AMX_STORE(3, 16, v0 + 1)
+          }
         }
-      }
-      constexpr int64_t c_stride = kNR * sizeof(float);
-      _tile_stored(0, c_tile, c_stride);
-      if (nv > 1) _tile_stored(1, c_tile + 16, c_stride);
-      if (nv > 2) _tile_stored(2, c_tile + 32, c_stride);
-      if (nv > 3) _tile_stored(3, c_tile + 48, c_stride);
-      for (int64_t r = 0; r < mr; ++r) {
-        float* cr = c + (i0 + r) * ldc + n0;
-        const float* t = c_tile + r * kNR;
-        for (int64_t v = 0; v * kLanes < cols; ++v) {
-          const int64_t lanes = std::min<int64_t>(kLanes, cols - v * kLanes);
-          const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
-          __m512 x = _mm512_load_ps(t + v * kLanes);
-          if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, cr + v * kLanes));
-          _mm512_mask_storeu_ps(cr + v * kLanes, mask, x);
-        }
+#undef MLACP_AMX_STORE
       }
     }
   }
