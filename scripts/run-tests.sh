@@ -6,7 +6,8 @@
 #      package mlacp built from the same CMake project and installed into .venv, its pytest
 #      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors) and the peer
 #      benchmark's smoke test (scripts/bench-peers.sh --quick: every system checked, mlacp exact
-#      and its bytes equal to its formula). The command-line fuzz and hostile-invocation tests
+#      and its bytes equal to its formula) and its longest-S search under a per-rank memory cgroup
+#      (--longest --quick: mlacp's leanest configuration reaches at least DeepSpeed-Ulysses's S). The command-line fuzz and hostile-invocation tests
 #      (pure argument handling, the same code on either LibTorch) run on the Debian leg only;
 #   3. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch,
 #      build-asan/, -O1): every test but the S = 8192 kernel-memory test, the option fuzz, the
@@ -52,7 +53,9 @@ for leg in $legs; do
           --disable-pip-version-check --no-build-isolation --no-deps .)
       (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .)
       echo "== mlacp tests: the peer benchmark's smoke test (bench/peers --quick) =="
-      "$root/scripts/bench-peers.sh" --quick --out "$root/build-torch2/peers-quick" ;;
+      "$root/scripts/bench-peers.sh" --quick --out "$root/build-torch2/peers-quick"
+      echo "== mlacp tests: the longest S under a per-rank memory cap, smoke test (bench/peers --longest --quick) =="
+      "$root/scripts/bench-peers.sh" --longest --quick --out "$root/build-torch2/peers-longest-quick" ;;
     sanitize)
       echo "== mlacp tests: C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch) =="
       t0=$SECONDS

@@ -145,3 +145,67 @@ def write(out: str, meta: dict, records: list[dict]) -> None:
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     _plot(out, records)
+
+
+def _same_s_peaks(results: list[dict], probes: list[dict]) -> list[str]:
+    """The probes every system ran (the doubling points): peak per rank at the same S, and the
+    leanest mlacp configuration's against DeepSpeed-Ulysses's."""
+    peer = "deepspeed-ulysses (V padded)"
+    lines = ["", "Peak memory per rank at the same S (the doubling probes that fit: the cgroup's peak, MiB; "
+             "over = OOM-killed at the cap):", "", "| P | dtype | S | " +
+             " | ".join(dict.fromkeys(r["system"] for r in results)) + " | leanest mlacp / DeepSpeed |",
+             "|---|---|---|" + "---|" * (len(dict.fromkeys(r["system"] for r in results)) + 1)]
+    names = list(dict.fromkeys(r["system"] for r in results))
+    for p, dtype in dict.fromkeys((r["P"], r["dtype"]) for r in results):
+        here = [x for x in probes if x["P"] == p and x["dtype"] == dtype]
+        seqs = sorted({x["S"] for x in here if all(any(y["S"] == x["S"] and y["system"] == n for y in here)
+                                                   for n in names)})
+        for seq in seqs:
+            cells, peak = [], {}
+            for n in names:
+                x = next(y for y in here if y["S"] == seq and y["system"] == n)
+                if x["fits"] and x.get("cgroup_peak"):
+                    peak[n] = x["cgroup_peak"]
+                    cells.append(f"{x['cgroup_peak'] / 2**20:.0f}")
+                else:
+                    cells.append("over" if x.get("reason", "").startswith("OOM") else x.get("reason", "-"))
+            mine = [v for n, v in peak.items() if n.startswith("mlacp")]
+            ratio = f"{min(mine) / peak[peer]:.2f}" if mine and peer in peak else "-"
+            over = next((y for y in here if y["S"] == seq and y["system"] == peer and not y["fits"]), None)
+            if mine and over is not None and over.get("cgroup_peak"):  # DeepSpeed needed more than the cap
+                ratio = f"< {min(mine) / over['cgroup_peak']:.2f}"
+            lines.append(f"| {p} | {dtype} | {seq} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
+def write_longest(out: str, meta: dict, results: list[dict], probes: list[dict]) -> None:
+    """longest.json and longest.md: the longest S per system under the cap, then every probe."""
+    peer = "deepspeed-ulysses (V padded)"
+    for r in results:
+        ds = next((x for x in results if x["P"] == r["P"] and x["dtype"] == r["dtype"] and x["system"] == peer), None)
+        if ds is not None and ds is not r and ds.get("longest") and r.get("longest"):
+            r["vs_deepspeed"] = r["longest"] / ds["longest"]
+    with open(os.path.join(out, "longest.json"), "w") as f:
+        json.dump(dict(meta=meta, results=results, probes=probes), f, indent=1)
+    lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; command `{meta['command']}` ({meta['seconds']} s).",
+             f"Cap: {meta['cap_mib']} MiB per rank on what one forward + backward adds to the rank "
+             f"(model, inputs and the rank's runtime are not counted), enforced by: {meta['enforcement']}. "
+             f"S doubles from the first S, then bisects to a multiple of {meta['step']} (at most {meta['most']}).",
+             "", "| P | dtype | system | longest S | first S over the cap | × DeepSpeed-Ulysses |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        longest = str(r["longest"]) if r.get("longest") else ("failed: " + r["failed"] if r.get("failed") else
+                                                             "none (the first S is over)")
+        over = str(r["first_over"]) if r.get("first_over") else (f"(> {meta['most']})" if r.get("longest") else "-")
+        lines.append(f"| {r['P']} | {r['dtype']} | {r['system']} | {longest} | {over} | "
+                     f"{_fmt(r.get('vs_deepspeed'), '.2f')} |")
+    lines += _same_s_peaks(results, probes)
+    lines += ["", "Every probe:", "", "| P | dtype | system | S | result | step s | cgroup peak MiB | "
+              "resident peak MiB |", "|---|---|---|---|---|---|---|---|"]
+    mib = lambda b: None if b is None else b / 2**20  # noqa: E731
+    for r in probes:
+        lines.append(f"| {r['P']} | {r['dtype']} | {r['system']} | {r['S']} | "
+                     f"{'fits' if r['fits'] else r.get('reason', 'over')} | {_fmt(r.get('seconds'), '.1f')} | "
+                     f"{_fmt(mib(r.get('cgroup_peak')), '.0f')} | {_fmt(mib(r.get('resident')), '.0f')} |")
+    with open(os.path.join(out, "longest.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")

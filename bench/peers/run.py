@@ -4,6 +4,7 @@ thread per rank), the records merged, the report written (table, JSON, plot).
     scripts/bench-peers.sh                 # the full comparison (README table)
     scripts/bench-peers.sh --quick         # CI smoke test: every system, small S
     scripts/bench-peers.sh --procs 2 --seq 8192 --dtypes float32 --reps 3
+    scripts/bench-peers.sh --longest --cap-mib 512   # longest S per system under a per-rank cap
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 import torch
 import torch.multiprocessing as mp
 
-from . import report, systems as systems_mod, worker
+from . import longest, report, systems as systems_mod, worker
 
 
 def _free_port() -> int:
@@ -51,8 +52,9 @@ def _preload() -> None:
 def _spawn(p: int, opts: dict, path: str, mode: str) -> None:
     if os.path.exists(path):
         os.remove(path)
+    target, args = (longest.probe, ()) if mode == "longest" else (worker.main, (mode,))
     try:
-        mp.start_processes(worker.main, args=(p, _free_port(), opts, path, mode), nprocs=p, join=True,
+        mp.start_processes(target, args=(p, _free_port(), opts, path) + args, nprocs=p, join=True,
                            start_method="fork")
     except mp.ProcessRaisedException as e:
         raise SystemExit(f"bench-peers: a rank of the P={p} {mode} group raised:\n{e}") from None
@@ -100,13 +102,24 @@ def parse(argv):
     ap.add_argument("--dtypes", default="float32,bf16", help="float32 and/or bf16 (CPU autocast)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per system and point, interleaved")
     ap.add_argument("--systems", default="", help="comma-separated name fragments to keep (the baseline always runs)")
-    ap.add_argument("--quick", action="store_true", help="smoke test: P=2,4, S=512, both dtypes, 2 repetitions")
+    ap.add_argument("--quick", action="store_true", help="smoke test: P=2,4, S=512, both dtypes, 2 repetitions "
+                    "(with --longest: P=2, float32, a 160 MiB cap, S from 1024 to 8192)")
     ap.add_argument("--out", default="out/peers", help="folder for results.json, table.md, steps.png")
     ap.add_argument("--memory-limit-gib", type=float, default=None,
                     help="skip the eager single-process layer above this estimate (default: 60%% of MemAvailable)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds a collective may wait (gloo)")
+    lo = ap.add_argument_group("longest S under a memory cap (--longest; longest.py)")
+    lo.add_argument("--longest", action="store_true",
+                    help="instead of timing: the largest S each system's forward + backward completes under --cap-mib "
+                         "per rank (default systems: mlacp latent kv-recompute, mlacp expanded, deepspeed-ulysses)")
+    lo.add_argument("--cap-mib", type=int, default=512, help="memory a rank's step may add, MiB (default 512)")
+    lo.add_argument("--longest-start", type=int, default=2048, help="first S tried, doubled while it fits")
+    lo.add_argument("--longest-step", type=int, default=512, help="resolution of the bisection (a multiple of 2P)")
+    lo.add_argument("--longest-max", type=int, default=65536, help="largest S tried")
     a = ap.parse_args(argv)
-    if a.quick:
+    if a.quick and a.longest:  # CI: P=2 float32 under a small cap, S <= 8K (about a minute)
+        a.procs, a.dtypes, a.cap_mib, a.longest_start, a.longest_max = [2], "float32", 160, 1024, 8192
+    elif a.quick:
         a.procs, a.seq, a.dtypes, a.reps = [2, 4], [512], "float32,bf16", 2
     dtypes = [d for d in a.dtypes.split(",") if d]
     bad = [d for d in dtypes if d not in ("float32", "bf16")]
@@ -114,6 +127,14 @@ def parse(argv):
         ap.error(f"--dtypes takes float32 and/or bf16, got '{a.dtypes}'")
     if a.reps < 1:
         ap.error(f"--reps must be >= 1, got {a.reps}")
+    if a.longest:
+        for name, v in (("--longest-start", a.longest_start), ("--longest-step", a.longest_step)):
+            bad = [p for p in a.procs if v % (2 * p)]
+            if bad:
+                ap.error(f"{name} must be divisible by 2P (head_tail partition): {v}, P={bad[0]}")
+        if a.cap_mib < 1 or a.longest_max < a.longest_start:
+            ap.error(f"need --cap-mib >= 1 and --longest-max >= --longest-start "
+                     f"(got {a.cap_mib}, {a.longest_max}, {a.longest_start})")
     for p in a.procs:
         for s in a.seq:
             if s % (2 * p):
@@ -124,9 +145,52 @@ def parse(argv):
     return a
 
 
+LONGEST_SYSTEMS = ("mlacp latent kv-recompute", "mlacp expanded", "deepspeed-ulysses (V padded)")
+
+
+def main_longest(a, argv) -> int:
+    started = time.time()
+    _preload()
+    prober = longest.Prober(lambda p, opts, path: _spawn(p, opts, path, "longest"), a.out, a.cap_mib * 2**20, a.timeout)
+    print(f"== longest S under {a.cap_mib} MiB per rank: {prober.enforcement}", flush=True)
+    results = []
+    for p in a.procs:
+        names = [s.name for s in systems_mod.all_systems(p) if s.parallel]
+        keep = [n for n in names if any(f in n for f in a.systems.split(",") if f)] if a.systems else \
+            [n for n in names if n in LONGEST_SYSTEMS]
+        for dtype in a.dtypes:
+            for name in keep:
+                try:
+                    got = longest.search(lambda s: prober.fits(p, dtype, name, s), a.longest_start,
+                                         a.longest_step, a.longest_max)
+                except RuntimeError as e:
+                    got = dict(longest=None, first_over=None, failed=str(e))
+                results.append(dict(P=p, dtype=dtype, system=name, longest=got["longest"],
+                                    first_over=got["first_over"], failed=got.get("failed", "")))
+    meta = dict(command=" ".join(["scripts/bench-peers.sh"] + list(argv)), machine=report.machine(),
+                torch=torch.__version__, seconds=round(time.time() - started, 1), cap_mib=a.cap_mib,
+                enforcement=prober.enforcement, step=a.longest_step, most=a.longest_max)
+    report.write_longest(a.out, meta, results, prober.log)
+    print(open(os.path.join(a.out, "longest.md")).read())
+    failed = [r for r in results if r["failed"] and r["system"].startswith("mlacp")]
+    for r in failed:
+        print(f"bench-peers: FAILED {r['system']} P={r['P']} {r['dtype']}: {r['failed']}")
+    if a.quick:  # the smoke test's own check: mlacp's leanest configuration goes at least as far as DeepSpeed
+        for r in results:
+            if r["system"] == "mlacp latent kv-recompute" and not (r["longest"] or 0) >= min(
+                    (x["longest"] or 0) for x in results if x["system"].startswith("deepspeed") and x["P"] == r["P"]):
+                print(f"bench-peers: FAILED {r['system']} P={r['P']} {r['dtype']}: longest S {r['longest']} "
+                      f"below DeepSpeed-Ulysses's")
+                failed.append(r)
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
-    a = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse(argv)
     os.makedirs(a.out, exist_ok=True)
+    if a.longest:
+        return main_longest(a, argv)
     limit = int((a.memory_limit_gib * 2**30) if a.memory_limit_gib else 0.6 * _mem_available())
     opts = dict(smoke_timeout=60, seqs=a.seq, dtypes=a.dtypes, reps=a.reps, timeout=a.timeout, memory_limit=limit,
                 systems=[n for n in a.systems.split(",") if n])
@@ -158,7 +222,7 @@ def main(argv=None) -> int:
                     for name, why in smoke[status].items():
                         records.append(dict(system=name, P=p, S=s, dtype=d, status=status, version=versions.get(name, ""),
                                             reason=why + " (smoke test)"))
-    meta = dict(command=" ".join(["scripts/bench-peers.sh"] + (sys.argv[1:] if argv is None else list(argv))),
+    meta = dict(command=" ".join(["scripts/bench-peers.sh"] + argv),
                 machine=report.machine(), torch=torch.__version__, python=platform.python_version(),
                 seconds=round(time.time() - started, 1), threads_per_rank=1, backend="gloo (loopback, real)")
     report.write(a.out, meta, records)
