@@ -73,6 +73,7 @@ double layer_parameter_elements(const CpPlan& plan, const LayerShape& s) {
 MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
   const PlanDims& d = plan.dims();
   const double e = static_cast<double>(s.element_bytes);
+  const double ea = static_cast<double>(s.attention_bytes > 0 ? s.attention_bytes : s.element_bytes);
   const double P = static_cast<double>(plan.cp()), U = static_cast<double>(plan.ulysses());
   const double H = static_cast<double>(plan.local_heads()), Hc = static_cast<double>(plan.head_block_size());
   const double S = static_cast<double>(s.seq_len), b = static_cast<double>(s.batch);
@@ -105,7 +106,7 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
     exchanged += T * H * (Dqk + Dv) + Tk * Hc * (Dqk + Dv);  // local K/V, gathered K/V
   // Saved for the backward, once: the gradients the backward makes replace the activations it frees
   // as it goes (measured: a forward + backward peaks 1.03-1.17x this sum with the kernel's buffers).
-  m.add("activations", (act + exchanged) * e);
+  m.add("activations", act * e + exchanged * ea);
 
   // The local kernel's working set.
   if (plan.kernel() == AttentionKernel::reference) {
@@ -115,7 +116,7 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
     const double pairs = Tq * Hc * S;
     m.add("S x S scores (reference kernel)", pairs * (e * (s.backward ? 3.0 : 2.0) + 1.0));
   } else {
-    m.add("kernel buffers", Tk * Hkv * (Dqk + Dv) * e * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
+    m.add("kernel buffers", Tk * Hkv * (Dqk + Dv) * ea * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
   }
   return m;
 }

@@ -99,10 +99,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_c
                          });
 
 // Training's estimate (train::training_memory, docs/DESIGN.md §8 "Training") is a model of a step's
-// peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank (float32 and
-// float64). Under bf16 autocast it counts activations at float32 width (an upper bound: autocast
-// keeps some in bf16), so there it may reach 1.45 (measured 1.23-1.27x on LibTorch 1.13, 1.40x on
-// 2.x).
+// peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank in float32 and
+// float64. Under bf16 autocast what attention exchanges and its kernel's buffers count at bf16
+// width, the projections' and the MLP's activations at float32 width (an upper bound: autocast keeps
+// some in bf16, more on LibTorch 2.x): measured 1.09-1.14x on LibTorch 1.13 and 1.23-1.30x on 2.x
+// (was 1.23-1.40x with everything at float32 width), so bf16 is held within [1.0, 1.35].
 struct TrainMemoryCase {
   std::string name;
   MeshShape mesh;
@@ -124,7 +125,7 @@ TEST_P(TrainingMemory, EstimateModelsTheMeasuredPeakOfEveryRank) {
   config.recompute = t.recompute;
   config.kv_recompute = t.kv_recompute;
   const double estimate = train::training_memory(config).total();
-  const double most = t.dtype == at::kBFloat16 ? 1.45 : 1.25;
+  const double most = t.dtype == at::kBFloat16 ? 1.35 : 1.25;
   const int world = static_cast<int>(t.mesh.dp * t.mesh.cp * t.mesh.tp);
   EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
     ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);
@@ -154,6 +155,8 @@ std::vector<TrainMemoryCase> train_memory_cases() {
   cases.push_back({"dp2_cp2", {2, 2, 1, 0}, at::kFloat, CpStrategy::latent_kv_head, false, false, 2, 512, 4});
   cases.push_back({"cp2_float64", {1, 2, 1, 0}, at::kDouble});
   cases.push_back({"cp2_bf16", {1, 2, 1, 0}, at::kBFloat16});
+  cases.push_back({"cp2_bf16_kv_recompute_s1024", {1, 2, 1, 0}, at::kBFloat16, CpStrategy::latent_kv_head, false, true, 2, 1024});
+  cases.push_back({"cp4_u1_bf16_expanded", {1, 4, 1, 1}, at::kBFloat16, CpStrategy::expanded_ulysses});
   return cases;
 }
 

@@ -2,8 +2,9 @@
 # `mlacp bench`'s memory estimate (made before anything is allocated: every strategy's modules, the
 # largest step, the inputs; docs/DESIGN.md §8) against the run's measured peak (the LibTorch
 # allocator counter, the rank that allocated most, from the inputs to the last step): within
-# [1.0, 1.25] at three shapes, both strategies, K/V recompute, float32 (bf16 is not calibrated:
-# the estimate counts its activations at float32 width, 1.6-1.7x measured).
+# [1.0, 1.25] at small shapes (both strategies, K/V recompute) and at DeepSeek-V3's attention dims
+# (16 heads, hidden 1024: the parameters weigh), float32 and bf16 autocast (what attention exchanges
+# and its kernel's buffers counted at bf16 width, the projections' activations at float32 width).
 # Usage: bench_memory_estimate_test.sh MLACP WORKDIR
 set -euo pipefail
 mlacp="$(realpath "$1")"
@@ -30,4 +31,9 @@ PY
 check both-s1024 --seq 1024
 check latent-kv-recompute-s2048 --seq 2048 --strategy latent_kv_head --kv-recompute
 check expanded-s2048-b2 --seq 2048 --batch 2 --strategy expanded_ulysses
+check both-s1024-bf16 --seq 1024 --dtype bfloat16
+check latent-kv-recompute-s2048-bf16 --seq 2048 --strategy latent_kv_head --kv-recompute --dtype bfloat16
+dims=(--hidden 1024 --heads 16 --q-rank 1536 --kv-rank 512 --nope 128 --rope 64 --value 128 --steps 1 --warmup 0)
+check v3-both-s2048 --seq 2048
+check v3-both-s2048-bf16 --seq 2048 --dtype bfloat16
 if [ "$failures" -eq 0 ]; then echo PASS; else echo "$failures failure(s)"; exit 1; fi
