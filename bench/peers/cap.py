@@ -13,6 +13,7 @@ hierarchy, or a v2 cgroup with memory in its subtree_control. ``find()`` says wh
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Optional
 
@@ -56,10 +57,27 @@ class Root:
         return Cgroup(self, os.path.join(self.path, name), limit)
 
 
+def _swap_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("SwapTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def find() -> tuple[Optional[Root], str]:
     """(Root, '') where per-rank memory cgroups can be made here, else (None, why not)."""
     if os.geteuid() != 0:
         return None, "not root (cgroups need it)"
+    root, why = _find()
+    if root is not None and _swap_total() > 0:
+        swap_limit = "memory.memsw.limit_in_bytes" if root.version == 1 else "memory.swap.max"
+        if not os.path.exists(os.path.join(root.path, swap_limit)):
+            return None, f"the machine has swap and no {swap_limit} to keep a capped step out of it"
+    return root, why
+
+
+def _find() -> tuple[Optional[Root], str]:
     try:
         mounts, own = _mounts(), _own_paths()
     except OSError as e:
@@ -91,6 +109,7 @@ class Cgroup:
         os.mkdir(path)
         try:
             if root.version == 1:
+                self._write("memory.oom_control", 0)  # the OOM killer on (a new v1 group inherits the flag)
                 self._write("memory.limit_in_bytes", self.limit)
                 if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
                     self._write("memory.memsw.limit_in_bytes", self.limit)
@@ -130,14 +149,39 @@ class Cgroup:
             pass
         return 0
 
+    def _pids(self) -> list[int]:
+        try:
+            return [int(v) for v in self._read("cgroup.procs").split()]
+        except (OSError, ValueError):
+            return []
+
     def remove(self) -> None:
-        """Removes the cgroup once its processes are gone (a killed rank may take a moment)."""
-        for _ in range(100):
+        """Removes the cgroup: a process still in it (a rank interrupted mid-step) is killed first;
+        a killed process may take a moment to leave."""
+        for attempt in range(200):
             try:
                 os.rmdir(self.path)
                 return
             except FileNotFoundError:
                 return
             except OSError:
+                if attempt % 20 == 0:
+                    for pid in self._pids():
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                 time.sleep(0.05)
         os.rmdir(self.path)
+
+
+def remove_all(groups: list[Cgroup]) -> None:
+    """Removes every group, each whatever happens to the others; raises the first error after."""
+    first = None
+    for g in groups:
+        try:
+            g.remove()
+        except OSError as e:
+            first = first or e
+    if first is not None:
+        raise first

@@ -88,18 +88,19 @@ class Prober:
         try:
             if self.root is not None:
                 tag = f"mlacp-longest-{os.getpid()}"
-                groups = [self.root.make(f"{tag}-r{r}", self.cap) for r in range(p)]
+                for r in range(p):
+                    groups.append(self.root.make(f"{tag}-r{r}", self.cap))
                 opts.update(cgroups=[g.path for g in groups], cgroup_root=self.root.path)
             died = ""
             try:
                 self.spawn(p, opts, path)
             except SystemExit as e:
-                died = str(e).splitlines()[0] if str(e) else "a rank died"
+                lines = [v.strip() for v in str(e).splitlines() if v.strip()]
+                died = " ".join(lines[-1:]) or "a rank died"
             kills = sum(g.oom_kills() for g in groups)
             peaks = [g.peak() for g in groups]
         finally:
-            for g in groups:
-                g.remove()
+            cap_mod.remove_all(groups)
         rec = dict(P=p, dtype=dtype, system=system, S=seq)
         if peaks and all(v is not None for v in peaks):
             rec["cgroup_peak"] = max(peaks)
@@ -142,6 +143,12 @@ def search(fits, start: int, step: int, most: int) -> dict:
         else:
             over = s
             break
+    last = most // step * step  # doubling may step over `most`: try it too
+    if ok is not None and over is None and last > ok:
+        if check(last):
+            ok = last
+        else:
+            over = last
     if ok is not None and over is not None:
         while over - ok > step:
             mid = (ok + over) // 2 // step * step

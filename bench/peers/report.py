@@ -151,8 +151,8 @@ def _same_s_peaks(results: list[dict], probes: list[dict]) -> list[str]:
     """The probes every system ran (the doubling points): peak per rank at the same S, and the
     leanest mlacp configuration's against DeepSpeed-Ulysses's."""
     peer = "deepspeed-ulysses (V padded)"
-    lines = ["", "Peak memory per rank at the same S (the doubling probes that fit: the cgroup's peak, MiB; "
-             "over = OOM-killed at the cap):", "", "| P | dtype | S | " +
+    lines = ["", "Peak memory per rank at the same S (the doubling probes that fit: the cgroup's peak, else the "
+             "resident peak, MiB; over = OOM-killed at the cap):", "", "| P | dtype | S | " +
              " | ".join(dict.fromkeys(r["system"] for r in results)) + " | leanest mlacp / DeepSpeed |",
              "|---|---|---|" + "---|" * (len(dict.fromkeys(r["system"] for r in results)) + 1)]
     names = list(dict.fromkeys(r["system"] for r in results))
@@ -164,9 +164,10 @@ def _same_s_peaks(results: list[dict], probes: list[dict]) -> list[str]:
             cells, peak = [], {}
             for n in names:
                 x = next(y for y in here if y["S"] == seq and y["system"] == n)
-                if x["fits"] and x.get("cgroup_peak"):
-                    peak[n] = x["cgroup_peak"]
-                    cells.append(f"{x['cgroup_peak'] / 2**20:.0f}")
+                got = x.get("cgroup_peak") or x.get("resident")  # the cgroup's, else the measured resident peak
+                if x["fits"] and got:
+                    peak[n] = got
+                    cells.append(f"{got / 2**20:.0f}")
                 else:
                     cells.append("over" if x.get("reason", "").startswith("OOM") else x.get("reason", "-"))
             mine = [v for n, v in peak.items() if n.startswith("mlacp")]

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import time
@@ -129,9 +130,9 @@ def parse(argv):
         ap.error(f"--reps must be >= 1, got {a.reps}")
     if a.longest:
         for name, v in (("--longest-start", a.longest_start), ("--longest-step", a.longest_step)):
-            bad = [p for p in a.procs if v % (2 * p)]
+            bad = [p for p in a.procs if v < 2 * p or v % (2 * p)]
             if bad:
-                ap.error(f"{name} must be divisible by 2P (head_tail partition): {v}, P={bad[0]}")
+                ap.error(f"{name} must be a positive multiple of 2P (head_tail partition): {v}, P={bad[0]}")
         if a.cap_mib < 1 or a.longest_max < a.longest_start:
             ap.error(f"need --cap-mib >= 1 and --longest-max >= --longest-start "
                      f"(got {a.cap_mib}, {a.longest_max}, {a.longest_start})")
@@ -149,6 +150,8 @@ LONGEST_SYSTEMS = ("mlacp latent kv-recompute", "mlacp expanded", "deepspeed-uly
 
 
 def main_longest(a, argv) -> int:
+    # A terminated driver unwinds (its probes' cgroups are removed and their ranks killed).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
     _preload()
     prober = longest.Prober(lambda p, opts, path: _spawn(p, opts, path, "longest"), a.out, a.cap_mib * 2**20, a.timeout)
@@ -176,11 +179,13 @@ def main_longest(a, argv) -> int:
     for r in failed:
         print(f"bench-peers: FAILED {r['system']} P={r['P']} {r['dtype']}: {r['failed']}")
     if a.quick:  # the smoke test's own check: mlacp's leanest configuration goes at least as far as DeepSpeed
-        for r in results:
-            if r["system"] == "mlacp latent kv-recompute" and not (r["longest"] or 0) >= min(
-                    (x["longest"] or 0) for x in results if x["system"].startswith("deepspeed") and x["P"] == r["P"]):
-                print(f"bench-peers: FAILED {r['system']} P={r['P']} {r['dtype']}: longest S {r['longest']} "
-                      f"below DeepSpeed-Ulysses's")
+        print(f"bench-peers: the cap was enforced by: {prober.enforcement}")
+        for r in [r for r in results if r["system"] == "mlacp latent kv-recompute"]:
+            peer = next((x for x in results if x["system"].startswith("deepspeed") and x["P"] == r["P"]
+                         and x["dtype"] == r["dtype"]), None)
+            if peer is None or not peer["longest"] or not r["longest"] or r["longest"] < peer["longest"]:
+                print(f"bench-peers: FAILED {r['system']} P={r['P']} {r['dtype']}: longest S {r['longest']} against "
+                      f"DeepSpeed-Ulysses's {peer and (peer['longest'] or peer['failed'] or 'none')}")
                 failed.append(r)
     return 1 if failed else 0
 

@@ -31,6 +31,15 @@ def test_search_finds_the_largest_multiple_of_the_step_that_fits(limit):
     assert len(calls) == len(set(calls)) and len(calls) <= 12
 
 
+def test_search_tries_the_largest_s_when_doubling_steps_over_it():
+    fits, calls = _fits_below(8000)
+    got = longest.search(fits, start=3072, step=512, most=8192)
+    assert (got["longest"], got["first_over"]) == (7680, 8192) and calls[:3] == [3072, 6144, 8192]
+    fits, calls = _fits_below(9000)
+    got = longest.search(fits, start=3072, step=512, most=8192)
+    assert (got["longest"], got["first_over"]) == (8192, None)
+
+
 def test_search_reports_a_start_that_does_not_fit_and_a_failed_probe():
     fits, calls = _fits_below(1000)
     got = longest.search(fits, start=2048, step=512, most=65536)
@@ -61,9 +70,12 @@ def test_a_capped_process_is_killed_above_the_cap_and_not_below():
     root, why = cap.find()
     if root is None:
         pytest.skip(f"no memory cgroup to cap a process in: {why}")
-    big = root.make(f"mlacp-test-{os.getpid()}-big", 64 * 2**20)
-    small = root.make(f"mlacp-test-{os.getpid()}-small", 64 * 2**20)
+    groups = []
     try:
+        big = root.make(f"mlacp-test-{os.getpid()}-big", 64 * 2**20)
+        groups.append(big)
+        small = root.make(f"mlacp-test-{os.getpid()}-small", 64 * 2**20)
+        groups.append(small)
         status = _child_touches(big, 160)
         assert os.WIFSIGNALED(status), f"a process touching 160 MiB under a 64 MiB cap was not killed ({status})"
         assert big.oom_kills() >= 1
@@ -72,6 +84,5 @@ def test_a_capped_process_is_killed_above_the_cap_and_not_below():
         assert small.oom_kills() == 0
         assert small.peak() is None or 16 * 2**20 <= small.peak() <= 64 * 2**20
     finally:
-        big.remove()
-        small.remove()
-    assert not os.path.exists(big.path) and not os.path.exists(small.path)
+        cap.remove_all(groups)
+    assert not any(os.path.exists(g.path) for g in groups)
