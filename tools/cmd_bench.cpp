@@ -278,6 +278,8 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   layer.output_gate = a.gate;
   layer.element_bytes = b.dtype == at::kDouble ? 8 : 4;
   layer.attention_bytes = b.dtype == at::kBFloat16 ? 2 : 0;
+  const int64_t local_ranks = launcher_ranks > 0 ? launcher_ranks : local_world_size(world_from_env());
+  layer.threads = rank_threads(common, local_ranks);
   // One strategy's pair of modules (overlap off and on) lives at a time: the largest step, and the
   // other module of its pair, whose gradients run_step has freed (it sets them to undefined).
   MemoryEstimate estimate, largest;
@@ -293,7 +295,6 @@ BenchSetup bench_setup(const CommonArgs& common, const BenchArgs& a, int64_t wor
   // The global input and output weight, this rank's shards of both and the input's gradient.
   const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq) * static_cast<double>(a.hidden);
   estimate.add("inputs", (2.0 * tokens + 3.0 * tokens / static_cast<double>(world_size)) * layer.element_bytes);
-  const int64_t local_ranks = launcher_ranks > 0 ? launcher_ranks : local_world_size(world_from_env());
   check_device_args(a.device, local_ranks, "bench");
   MLACP_REQUIRE(!a.device.cuda() || (a.bandwidth_gbps == 0.0 && a.latency_us == 0.0 && !a.auto_link), "bench",
                 "the emulated link is host-timed and serves CPU runs only",

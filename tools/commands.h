@@ -99,6 +99,8 @@ int run_bench(const CommonArgs& common, const BenchArgs& args);
 
 // Applies --threads (0 = cores / local ranks) to LibTorch's intra-op pool.
 void apply_threads(const CommonArgs& common);
+// The intra-op threads each of `ranks_here` local ranks runs (what apply_threads sets in them).
+int rank_threads(const CommonArgs& common, int64_t ranks_here);
 // True when this process is one rank of a launch (torchrun's RANK or mlacp's launcher).
 bool launched_as_rank();
 // What main() set up for the host allocator (core/host_allocator.h), for `mlacp info`.

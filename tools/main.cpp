@@ -32,14 +32,15 @@ mlacp::HostAllocatorPolicy& host_allocator_policy() {
 
 bool launched_as_rank() { return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr; }
 
+int rank_threads(const CommonArgs& common, int64_t ranks_here) {
+  if (common.threads > 0) return common.threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / static_cast<int>(std::max<int64_t>(1, ranks_here)));
+}
+
 void apply_threads(const CommonArgs& common) {
-  int threads = common.threads;
-  if (threads <= 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
-    threads = std::max(1, cores / ranks_here);
-  }
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int threads = rank_threads(common, local ? std::max(1, std::atoi(local)) : 1);
   set_intra_op_threads(threads);
   if (common.batch_scheduling && !mlacp::use_batch_scheduling())
     std::cerr << "mlacp: --batch-sched: the scheduler refused SCHED_BATCH; running under the default policy\n";

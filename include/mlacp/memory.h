@@ -37,6 +37,8 @@ struct LayerShape {
   int64_t attention_bytes = 0;  // of what attention exchanges and its kernel's buffers (bf16 autocast: 2, the
                                 // width they cross the wire and are computed in); 0: element_bytes
   bool backward = true;       // forward + backward (gradients, saved activations); false: forward only
+  int64_t threads = 1;        // intra-op threads of a rank: with more threads than a kernel call has heads,
+                              // the blockwise backward sums dK/dV through per-group partials
 };
 
 // Elements of one layer's parameters on a rank (TP-local heads; biases and norms ignored: < 1%).

@@ -116,7 +116,15 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
     const double pairs = Tq * Hc * S;
     m.add("S x S scores (reference kernel)", pairs * (e * (s.backward ? 3.0 : 2.0) + 1.0));
   } else {
-    m.add("kernel buffers", Tk * Hkv * (Dqk + Dv) * ea * (s.backward ? 2.0 : 1.0));  // head-major K/V (+ dK/dV)
+    double kernel = Tk * Hkv * (Dqk + Dv) * ea * (s.backward ? 2.0 : 1.0);  // head-major K/V (+ dK/dV)
+    if (s.backward) {
+      // The backward's query-block groups (blockwise_attention.cpp): G = ceil(2·threads / (B·heads)),
+      // at most the query blocks; G > 1 sums dK/dV through G accumulator-width partials and their sum.
+      const double blocks = std::max(1.0, std::ceil(Tq / b / 128.0));
+      const double groups = std::min(blocks, std::max(1.0, std::ceil(2.0 * static_cast<double>(s.threads) / (b * Hkv))));
+      if (groups > 1) kernel += Tk * Hkv * (Dqk + Dv) * (e >= 8 ? 8.0 : 4.0) * (groups + 1.0);
+    }
+    m.add("kernel buffers", kernel);
   }
   return m;
 }
