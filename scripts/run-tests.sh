@@ -10,7 +10,8 @@
 #      (--longest --quick: mlacp's leanest configuration reaches at least DeepSpeed-Ulysses's S). The command-line fuzz and hostile-invocation tests
 #      (pure argument handling, the same code on either LibTorch) run on the Debian leg only;
 #   3. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch,
-#      build-asan/, -O1): every test but the S = 8192 kernel-memory test, the option fuzz, the
+#      build-asan/, -O1): every test but the S = 8192 kernel-memory test, bench's memory-estimate
+#      test (ten bench runs, DeepSeek-V3 dims among them: minutes under the sanitizers), the option fuzz, the
 #      exactness matrix's second pass through the varlen pieces (minutes each under the sanitizers;
 #      all run unsanitized in legs 1 and 2; the pieces code runs sanitized in kernels_pieces_test
 #      and the matrix's own pieces cases), and the multi-host bench, fault, plan and train tests
@@ -64,7 +65,7 @@ for leg in $legs; do
       (cd "$root/build-asan" && \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
         ctest --output-on-failure -j "$jobs" --timeout 900 \
-          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|Pieces/CpMatrix\..*|multihost_(bench|faults|plan|train))$' "$@") ;;
+          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|cli_bench_memory_estimate|Pieces/CpMatrix\..*|multihost_(bench|faults|plan|train))$' "$@") ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
 done
