@@ -227,7 +227,8 @@ Bf16PathChoice bf16_path_choice() {
     return " (micro-kernels on one thread: " + (c.amx_gflops > 0 ? "AMX tiles " + r(c.amx_gflops) + " GFLOP/s, " : "") +
            "bf16 dot product " + r(c.dot_gflops) + " GFLOP/s, float32 FMA " + r(c.fma_gflops) + ")";
   };
-  if (c.amx_gflops >= 1.25 * std::max(c.dot_gflops, c.fma_gflops)) {
+  // amx_gflops is 0 without AMX (and so are the other two without AVX-512): never 0 >= 1.25 x 0.
+  if (c.amx_gflops > 0 && c.amx_gflops >= 1.25 * std::max(c.dot_gflops, c.fma_gflops)) {
     c.path = BlockwisePath::bf16_amx;
     c.reason = "bf16_amx: AMX tiles outrun this CPU's bf16 dot product and float32 FMAs" + rates();
   } else if (dot_wins) {
