@@ -84,8 +84,10 @@ const std::vector<std::pair<std::string, BlockwisePath>> kPaths = {
     {"automatic", BlockwisePath::automatic},
     {"float32_portable", BlockwisePath::float32_portable},
     {"float32_avx512", BlockwisePath::float32_avx512},
+    {"float32_avx2", BlockwisePath::float32_avx2},
     {"bf16_avx512", BlockwisePath::bf16_avx512},
     {"bf16_via_f32_avx512", BlockwisePath::bf16_via_f32_avx512},
+    {"bf16_via_f32_avx2", BlockwisePath::bf16_via_f32_avx2},
     {"bf16_amx", BlockwisePath::bf16_amx}};
 
 BlockwisePath path_of(const std::string& name) {

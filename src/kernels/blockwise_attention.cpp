@@ -204,6 +204,10 @@ void forward_tile_row(const Plan& p, const ForwardIO& io, int64_t bh, int64_t qb
 #if MLACP_X86
         softmax_step_f32(bk, ldq, s.st, scale, s.m, s.l, s.alpha);
 #endif
+      } else if constexpr (P::kAvx2) {
+#if MLACP_X86
+        softmax_step_f32_avx2(bk, ldq, s.st, scale, s.m, s.l, s.alpha);
+#endif
       } else {
         softmax_step_portable<Acc>(bk, ldq, s.st, scale, s.m, s.l, s.alpha, s.safe, s.sum);
       }
@@ -343,6 +347,10 @@ void backward_task(const Plan& p, const BackwardIO& io, int64_t bh, int64_t g, B
 #if MLACP_X86
           backward_step_f32(bk, ldq, s.st, s.dpt, scale, s.lse, s.delta);
 #endif
+        } else if constexpr (P::kAvx2) {
+#if MLACP_X86
+          backward_step_f32_avx2(bk, ldq, s.st, s.dpt, scale, s.lse, s.delta);
+#endif
         } else {
           backward_step_portable<Acc>(bk, ldq, s.st, s.dpt, scale, s.lse, s.delta);
         }
@@ -416,6 +424,8 @@ void dispatch_path(BlockwisePath path, Fn&& fn) {
     case BlockwisePath::bf16_avx512: return fn(Bf16Avx512{});
     case BlockwisePath::bf16_via_f32_avx512: return fn(Bf16ViaF32Avx512{});
     case BlockwisePath::bf16_amx: return fn(Bf16Amx{});
+    case BlockwisePath::float32_avx2: return fn(F32Avx2{});
+    case BlockwisePath::bf16_via_f32_avx2: return fn(Bf16ViaF32Avx2{});
 #endif
     default: fail(kWhat, "internal: unsupported path", {got("path", path_name(path))}, "report this");
   }

@@ -31,14 +31,16 @@ namespace mlacp {
 
 // Which compiled code path runs. `automatic` picks the fastest the CPU supports:
 //   float64                      -> float64_portable
-//   float32                      -> float32_avx512 (AVX-512F) or float32_portable
+//   float32                      -> float32_avx512 (AVX-512F), else float32_avx2 (AVX2 + FMA),
+//                                   else float32_portable
 //   bf16 inputs / bf16 autocast  -> bf16_amx (the GEMMs on AMX tiles: bf16 products, float32
 //                                   sums) where the tiles outrun the CPU's float32 FMAs, else
 //                                   bf16_avx512 (AVX-512-BF16 dot products: bf16 products,
 //                                   float32 sums) where that instruction outruns the CPU's float32
 //                                   FMAs, else bf16_via_f32_avx512 (the bf16 values on float32
 //                                   FMAs: exact products, float32 sums, P and dS kept in float32),
-//                                   else float32_portable on the bf16 values
+//                                   else bf16_via_f32_avx2 (the same on AVX2 + FMA), else
+//                                   float32_portable on the bf16 values
 enum class BlockwisePath {
   automatic,
   float64_portable,
@@ -46,7 +48,9 @@ enum class BlockwisePath {
   float32_avx512,
   bf16_avx512,
   bf16_via_f32_avx512,
-  bf16_amx
+  bf16_amx,
+  float32_avx2,
+  bf16_via_f32_avx2
 };
 std::string path_name(BlockwisePath path);
 

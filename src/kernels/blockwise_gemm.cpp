@@ -1,4 +1,4 @@
-// Blockwise attention GEMM: micro-kernels (portable, AVX-512 float32, AVX-512-BF16, AMX-BF16), the gemm<P>
+// Blockwise attention GEMM: micro-kernels (portable, AVX2 float32, AVX-512 float32, AVX-512-BF16, AMX-BF16), the gemm<P>
 // driver that tiles C over them (instantiated per path), and the AVX-512 row helpers.
 #include "kernels/blockwise_gemm.h"
 
@@ -28,6 +28,15 @@ MLACP_AVX512 void bf16_to_f32_avx512(const c10::BFloat16* src, int64_t n, float*
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+MLACP_AVX2 void bf16_to_f32_avx2(const c10::BFloat16* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
   }
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
@@ -158,6 +167,70 @@ const UkF32 kUkF32[kMR][kNV] = {MLACP_UK_ROW(ukernel_f32, 1), MLACP_UK_ROW(ukern
 const UkBf16 kUkBf16[kMR][kNV] = {MLACP_UK_ROW(ukernel_bf16, 1), MLACP_UK_ROW(ukernel_bf16, 2),
                                   MLACP_UK_ROW(ukernel_bf16, 3), MLACP_UK_ROW(ukernel_bf16, 4)};
 #undef MLACP_UK_ROW
+
+// AVX2 + FMA (no AVX-512): C[MR × cols] (=|+=) Σ_p A(r, p) · B[p][0..NV·8), cols = (NV−1)·8 +
+// last, for a strip of at most 24 columns of a panel: 12 accumulators, 3 B vectors and one
+// broadcast fill the 16 ymm registers.
+constexpr int kAvx2Lanes = 8, kAvx2StripVectors = 3;
+
+MLACP_AVX2 inline __m256i avx2_lane_mask(int valid) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <int MR, int NV>
+MLACP_AVX2 void ukernel_f32_avx2(int64_t k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb,
+                                 float* c, int64_t ldc, int last, bool accumulate) {
+  __m256 acc[MR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    __m256 bv[NV];
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + v * kAvx2Lanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(a + r * rs + p * cs);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  const __m256i last_mask = avx2_lane_mask(last);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) {
+      float* cp = c + r * ldc + v * kAvx2Lanes;
+      __m256 x = acc[r][v];
+      if (v < NV - 1 || last == kAvx2Lanes) {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_loadu_ps(cp));
+        _mm256_storeu_ps(cp, x);
+      } else {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_maskload_ps(cp, last_mask));
+        _mm256_maskstore_ps(cp, last_mask, x);
+      }
+    }
+}
+
+using UkF32Avx2 = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool);
+#define MLACP_UK_ROW(fn, MR) {&fn<MR, 1>, &fn<MR, 2>, &fn<MR, 3>}
+const UkF32Avx2 kUkF32Avx2[kMR][kAvx2StripVectors] = {
+    MLACP_UK_ROW(ukernel_f32_avx2, 1), MLACP_UK_ROW(ukernel_f32_avx2, 2), MLACP_UK_ROW(ukernel_f32_avx2, 3),
+    MLACP_UK_ROW(ukernel_f32_avx2, 4)};
+#undef MLACP_UK_ROW
+
+// One micro-tile row block of a panel [w columns, `cols` of them stored] in strips of 24 columns.
+inline void panel_f32_avx2(int64_t mr, int64_t w, int64_t cols, int64_t k, const float* a, int64_t rs, int64_t cs,
+                           const float* b, float* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t strip = kAvx2Lanes * kAvx2StripVectors;
+  for (int64_t s0 = 0; s0 < std::min(w, cols); s0 += strip) {
+    const int64_t valid = std::min(strip, cols - s0);
+    const int64_t nv = ceil_div(valid, kAvx2Lanes);
+    const int last = static_cast<int>(valid - (nv - 1) * kAvx2Lanes);
+    kUkF32Avx2[mr - 1][nv - 1](k, a, rs, cs, b + s0, w, c + s0, ldc, last, accumulate);
+  }
+}
 
 // AMX: C[m × n] (=|+=) A · B on tiles, 32 × 32 of C at a time: tiles 0-3 hold C (rows 0-15 and
 // 16-31 × columns 0-15 and 16-31, 16 × 16 float32 each), tiles 4-5 the two 16-row × 16-pair
@@ -387,7 +460,11 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, i
     const auto* bp = b + (n0 / kNR) * ku * kNR * unit;
     for (int64_t i = 0; i < m; i += kMR) {
       const int64_t mr = std::min(kMR, m - i);
-      if constexpr (!P::kAvx) {
+      if constexpr (P::kAvx2) {
+#if MLACP_X86
+        panel_f32_avx2(mr, w, cols, ku, a + i * rs, rs, cs, bp, c + i * ldc + n0, ldc, accumulate);
+#endif
+      } else if constexpr (!P::kAvx) {
         ukernel_portable(mr, w, cols, ku, a + i * rs, rs, cs, bp, c + i * ldc + n0, ldc, accumulate);
       } else {
 #if MLACP_X86
@@ -413,6 +490,8 @@ MLACP_GEMM(F32Avx512)
 MLACP_GEMM(Bf16Avx512)
 MLACP_GEMM(Bf16Amx)
 MLACP_GEMM(Bf16ViaF32Avx512)
+MLACP_GEMM(F32Avx2)
+MLACP_GEMM(Bf16ViaF32Avx2)
 #endif
 #undef MLACP_GEMM
 

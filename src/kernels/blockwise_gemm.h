@@ -40,6 +40,8 @@ inline Dst convert_elem(Src x) {
 MLACP_AVX512BF16 void f32_to_bf16_avx512(const float* src, int64_t n, c10::BFloat16* dst);
 // bf16 → float32 (exact), 16 lanes at a time.
 MLACP_AVX512 void bf16_to_f32_avx512(const c10::BFloat16* src, int64_t n, float* dst);
+// bf16 → float32 (exact), 8 lanes at a time.
+MLACP_AVX2 void bf16_to_f32_avx2(const c10::BFloat16* src, int64_t n, float* dst);
 #endif
 
 template <class P>
@@ -67,6 +69,10 @@ void convert_row(const char* src, at::ScalarType dtype, int64_t n, typename P::E
 #if MLACP_X86
       if constexpr (P::kAvx && std::is_same_v<E, float>) {
         bf16_to_f32_avx512(reinterpret_cast<const c10::BFloat16*>(src), n, dst);
+        break;
+      }
+      if constexpr (P::kAvx2) {
+        bf16_to_f32_avx2(reinterpret_cast<const c10::BFloat16*>(src), n, dst);
         break;
       }
 #endif

@@ -14,6 +14,8 @@
 #define MLACP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define MLACP_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16")))
 #define MLACP_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16,amx-tile,amx-bf16")))
+// x86-64-v3: the AVX2 + FMA machines without AVX-512 (AMD Zen 1-3, Intel before Skylake-SP).
+#define MLACP_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
 // GCC 12 reports its own _mm512_undefined_ps() inside _mm512_max_ps & co. as maybe-uninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -46,6 +48,7 @@ struct F64Portable {
   using Acc = double;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
+  static constexpr bool kAvx2 = false;  // AVX2 + FMA micro-kernels and softmax (8 lanes)
   static constexpr bool kRoundBf16 = false;
   static constexpr bool kAmx = false;
 };
@@ -54,6 +57,7 @@ struct F32Portable {
   using Acc = float;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = false;
+  static constexpr bool kAvx2 = false;
   static constexpr bool kRoundBf16 = false;
   static constexpr bool kAmx = false;
 };
@@ -62,6 +66,7 @@ struct F32Avx512 {
   using Acc = float;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = true;
+  static constexpr bool kAvx2 = false;
   static constexpr bool kRoundBf16 = false;
   static constexpr bool kAmx = false;
 };
@@ -71,6 +76,7 @@ struct Bf16Avx512 {
   using Acc = float;
   static constexpr bool kPairs = true;
   static constexpr bool kAvx = true;
+  static constexpr bool kAvx2 = false;
   static constexpr bool kRoundBf16 = false;
   static constexpr bool kAmx = false;
 };
@@ -88,8 +94,18 @@ struct Bf16ViaF32Avx512 {
   using Acc = float;
   static constexpr bool kPairs = false;
   static constexpr bool kAvx = true;
+  static constexpr bool kAvx2 = false;
   static constexpr bool kRoundBf16 = true;
   static constexpr bool kAmx = false;
+};
+
+// float32 on AVX2 + FMA (8-lane vectors), for CPUs without AVX-512.
+struct F32Avx2 : F32Portable {
+  static constexpr bool kAvx2 = true;
+};
+// bf16 semantics on AVX2 float32 FMAs, as Bf16ViaF32Avx512.
+struct Bf16ViaF32Avx2 : F32Avx2 {
+  static constexpr bool kRoundBf16 = true;
 };
 
 template <class T>
@@ -103,6 +119,15 @@ inline bool cpu_has_avx512() {
 #if MLACP_X86
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has;
+#else
+  return false;
+#endif
+}
+
+inline bool cpu_has_avx2_fma() {
+#if MLACP_X86
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 #else
   return false;

@@ -69,6 +69,7 @@ BlockwisePath choose_path(const at::Tensor& q, BlockwisePath requested) {
                                                    : requested != BlockwisePath::float64_portable &&
                                                          (bf16 || (requested != BlockwisePath::bf16_avx512 &&
                                                                    requested != BlockwisePath::bf16_via_f32_avx512 &&
+                                                                   requested != BlockwisePath::bf16_via_f32_avx2 &&
                                                                    requested != BlockwisePath::bf16_amx));
     MLACP_REQUIRE(ok, kWhat, "the requested code path does not compute this dtype",
                   {got("path", path_name(requested)), got("dtype", c10::toString(q.scalar_type())),
@@ -78,7 +79,8 @@ BlockwisePath choose_path(const at::Tensor& q, BlockwisePath requested) {
   }
   if (q.scalar_type() == at::kDouble) return BlockwisePath::float64_portable;
   if (bf16) return bf16_path_choice().path;
-  return cpu_has_avx512() ? BlockwisePath::float32_avx512 : BlockwisePath::float32_portable;
+  if (cpu_has_avx512()) return BlockwisePath::float32_avx512;
+  return cpu_has_avx2_fma() ? BlockwisePath::float32_avx2 : BlockwisePath::float32_portable;
 }
 
 }  // namespace
@@ -201,6 +203,7 @@ std::shared_ptr<const Plan> make_plan(const at::Tensor& q, const at::Tensor& k, 
 
 namespace mlacp {
 
+using blockwise_detail::cpu_has_avx2_fma;
 using blockwise_detail::cpu_has_avx512;
 using blockwise_detail::cpu_has_avx512_bf16;
 using blockwise_detail::cpu_has_amx_bf16;
@@ -214,6 +217,8 @@ std::string path_name(BlockwisePath path) {
     case BlockwisePath::bf16_avx512: return "bf16_avx512";
     case BlockwisePath::bf16_via_f32_avx512: return "bf16_via_f32_avx512";
     case BlockwisePath::bf16_amx: return "bf16_amx";
+    case BlockwisePath::float32_avx2: return "float32_avx2";
+    case BlockwisePath::bf16_via_f32_avx2: return "bf16_via_f32_avx2";
   }
   return "unknown";
 }
@@ -239,8 +244,11 @@ Bf16PathChoice bf16_path_choice() {
     c.reason = cpu_has_avx512_bf16()
                    ? "bf16_via_f32_avx512: this CPU's bf16 dot product is not faster than its float32 FMAs" + rates()
                    : std::string("bf16_via_f32_avx512: no AVX-512-BF16 on this CPU");
+  } else if (cpu_has_avx2_fma()) {
+    c.path = BlockwisePath::bf16_via_f32_avx2;
+    c.reason = "bf16_via_f32_avx2: no AVX-512 on this CPU; the bf16 values on AVX2 float32 FMAs";
   } else {
-    c.reason = "float32_portable: no AVX-512 on this CPU";
+    c.reason = "float32_portable: neither AVX-512 nor AVX2 + FMA on this CPU";
   }
   return c;
 }
@@ -251,6 +259,8 @@ bool path_supported(BlockwisePath path) {
     case BlockwisePath::bf16_avx512: return cpu_has_avx512_bf16();
     case BlockwisePath::bf16_via_f32_avx512: return cpu_has_avx512();
     case BlockwisePath::bf16_amx: return cpu_has_amx_bf16();
+    case BlockwisePath::float32_avx2:
+    case BlockwisePath::bf16_via_f32_avx2: return cpu_has_avx2_fma();
     default: return true;
   }
 }

@@ -1,4 +1,4 @@
-// Blockwise attention softmax steps, AVX-512 float32 and AVX-512-BF16: vectorized exp, online
+// Blockwise attention softmax steps, AVX-512 float32, AVX-512-BF16 and AVX2 float32: vectorized exp, online
 // max / sum per query lane, and bf16 key-pair outputs for the following GEMMs.
 #include "kernels/blockwise_softmax.h"
 
@@ -50,7 +50,76 @@ MLACP_AVX512BF16 void store_bf16(c10::BFloat16* dst, __m512 x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(h));
 }
 
+// exp(x) on 8 lanes, the same polynomial as exp_ps; 2^n built in the exponent field.
+MLACP_AVX2 inline __m256 exp_ps_avx2(__m256 x) {
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // n in [−127, 127]: 2^n = (n + 127) << 23 (n = −127 gives 0, and such lanes are zeroed below).
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NLT_UQ);  // NaN lanes kept
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 big = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
+  const __m256 out = _mm256_blendv_ps(_mm256_and_ps(v, keep), _mm256_set1_ps(std::numeric_limits<float>::infinity()), big);
+  return _mm256_blendv_ps(out, x, nan);
+}
+
+// As update_max, on 8 lanes.
+MLACP_AVX2 inline __m256 update_max_avx2(const float* st, int64_t rows, int64_t ld, __m256 scale, float* m,
+                                         float* alpha) {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mx = ninf;
+  for (int64_t j = 0; j < rows; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + j * ld));
+  const __m256 m_old = _mm256_loadu_ps(m);
+  const __m256 m_new = _mm256_max_ps(m_old, _mm256_mul_ps(mx, scale));
+  const __m256 safe = _mm256_andnot_ps(_mm256_cmp_ps(m_new, ninf, _CMP_EQ_OQ), m_new);
+  _mm256_storeu_ps(m, m_new);
+  _mm256_storeu_ps(alpha, exp_ps_avx2(_mm256_sub_ps(m_old, safe)));
+  return safe;
+}
+
 }  // namespace
+
+MLACP_AVX2 void softmax_step_f32_avx2(int64_t rows, int64_t ld, float* st, float scale, float* m, float* l,
+                                      float* alpha) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (int64_t c = 0; c < ld; c += 8) {
+    const __m256 safe = update_max_avx2(st + c, rows, ld, vs, m + c, alpha + c);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < rows; ++j) {
+      float* s = st + j * ld + c;
+      const __m256 e = exp_ps_avx2(_mm256_fmsub_ps(_mm256_loadu_ps(s), vs, safe));
+      _mm256_storeu_ps(s, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_storeu_ps(l + c, _mm256_fmadd_ps(_mm256_loadu_ps(l + c), _mm256_loadu_ps(alpha + c), sum));
+  }
+}
+
+MLACP_AVX2 void backward_step_f32_avx2(int64_t rows, int64_t ld, float* st, float* dpt, float scale,
+                                       const float* lse, const float* delta) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (int64_t c = 0; c < ld; c += 8) {
+    const __m256 lv = _mm256_loadu_ps(lse + c), dv = _mm256_loadu_ps(delta + c);
+    for (int64_t j = 0; j < rows; ++j) {
+      float* s = st + j * ld + c;
+      float* d = dpt + j * ld + c;
+      const __m256 p = exp_ps_avx2(_mm256_fmsub_ps(_mm256_loadu_ps(s), vs, lv));
+      _mm256_storeu_ps(s, p);
+      _mm256_storeu_ps(d, _mm256_mul_ps(_mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(d), dv)), vs));
+    }
+  }
+}
 
 MLACP_AVX512 void softmax_step_f32(int64_t rows, int64_t ld, float* st, float scale, float* m, float* l,
                                    float* alpha) {

@@ -1,5 +1,5 @@
 // Blockwise attention internals: element-wise work on score tiles (online-softmax forward step,
-// P / dS backward step), AVX-512 float32, AVX-512-BF16 and portable.
+// P / dS backward step), AVX-512 float32, AVX-512-BF16, AVX2 float32 and portable.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,11 @@ MLACP_AVX512 void backward_step_f32(int64_t rows, int64_t ld, float* st, float* 
 MLACP_AVX512BF16 void backward_step_bf16(int64_t rows, int64_t ld, const float* st, const float* dpt, float scale,
                                          const float* lse, const float* delta, c10::BFloat16* pt,
                                          c10::BFloat16* dst, c10::BFloat16* dsw);
+// The same two steps on AVX2 + FMA (8 lanes), for CPUs without AVX-512.
+MLACP_AVX2 void softmax_step_f32_avx2(int64_t rows, int64_t ld, float* st, float scale, float* m, float* l,
+                                      float* alpha);
+MLACP_AVX2 void backward_step_f32_avx2(int64_t rows, int64_t ld, float* st, float* dpt, float scale,
+                                       const float* lse, const float* delta);
 #endif
 
 template <class Acc>

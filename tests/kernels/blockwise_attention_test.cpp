@@ -154,14 +154,16 @@ double rel_norm(const at::Tensor& a, const at::Tensor& ref) {
 
 std::vector<BlockwisePath> float32_paths() {
   std::vector<BlockwisePath> paths{BlockwisePath::float32_portable};
-  if (path_supported(BlockwisePath::float32_avx512)) paths.push_back(BlockwisePath::float32_avx512);
+  for (BlockwisePath p : {BlockwisePath::float32_avx512, BlockwisePath::float32_avx2})
+    if (path_supported(p)) paths.push_back(p);
   return paths;
 }
 
 // The bf16 paths this CPU runs, forced, after the kernel's own choice.
 std::vector<BlockwisePath> bf16_paths() {
   std::vector<BlockwisePath> paths{BlockwisePath::automatic};
-  for (BlockwisePath p : {BlockwisePath::bf16_avx512, BlockwisePath::bf16_via_f32_avx512, BlockwisePath::bf16_amx})
+  for (BlockwisePath p : {BlockwisePath::bf16_avx512, BlockwisePath::bf16_via_f32_avx512, BlockwisePath::bf16_amx,
+                          BlockwisePath::bf16_via_f32_avx2})
     if (path_supported(p)) paths.push_back(p);
   return paths;
 }

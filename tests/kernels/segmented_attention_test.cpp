@@ -120,7 +120,8 @@ TEST(SegmentedAttention, Float32OutputIsBitwiseOneCallsOnEveryPath) {
   const AttentionStructure st = structure_for(s, true);
   const Inputs in = make_inputs(s, at::kFloat);
   std::vector<BlockwisePath> paths{BlockwisePath::float32_portable};
-  if (path_supported(BlockwisePath::float32_avx512)) paths.push_back(BlockwisePath::float32_avx512);
+  for (BlockwisePath p : {BlockwisePath::float32_avx512, BlockwisePath::float32_avx2})
+    if (path_supported(p)) paths.push_back(p);
   for (BlockwisePath path : paths) {
     BlockwiseOptions opt;
     opt.path = path;
