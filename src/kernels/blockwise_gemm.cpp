@@ -2,7 +2,9 @@
 // driver that tiles C over them (instantiated per path), and the AVX-512 row helpers.
 #include "kernels/blockwise_gemm.h"
 
+#include <array>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #if MLACP_X86
@@ -169,9 +171,10 @@ const UkBf16 kUkBf16[kMR][kNV] = {MLACP_UK_ROW(ukernel_bf16, 1), MLACP_UK_ROW(uk
 #undef MLACP_UK_ROW
 
 // AVX2 + FMA (no AVX-512): C[MR × cols] (=|+=) Σ_p A(r, p) · B[p][0..NV·8), cols = (NV−1)·8 +
-// last, for a strip of at most 24 columns of a panel: 12 accumulators, 3 B vectors and one
-// broadcast fill the 16 ymm registers.
-constexpr int kAvx2Lanes = 8, kAvx2StripVectors = 3;
+// last, for one strip of a panel. MR × NV accumulators, NV B vectors and one broadcast fit the
+// 16 ymm registers.
+constexpr int kAvx2Lanes = 8;
+constexpr int kAvx2Rows = 6, kAvx2StripVectors = 2;  // 6 x 16: 12 accumulators (BLIS's Haswell shape)
 
 MLACP_AVX2 inline __m256i avx2_lane_mask(int valid) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -181,25 +184,25 @@ template <int MR, int NV>
 MLACP_AVX2 void ukernel_f32_avx2(int64_t k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb,
                                  float* c, int64_t ldc, int last, bool accumulate) {
   __m256 acc[MR][NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
     __m256 bv[NV];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + v * kAvx2Lanes);
 #pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + v * kAvx2Lanes);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + r * rs + p * cs);
-#pragma GCC unroll 3
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
     }
   }
   const __m256i last_mask = avx2_lane_mask(last);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* cp = c + r * ldc + v * kAvx2Lanes;
       __m256 x = acc[r][v];
@@ -214,21 +217,34 @@ MLACP_AVX2 void ukernel_f32_avx2(int64_t k, const float* a, int64_t rs, int64_t 
 }
 
 using UkF32Avx2 = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool);
-#define MLACP_UK_ROW(fn, MR) {&fn<MR, 1>, &fn<MR, 2>, &fn<MR, 3>}
-const UkF32Avx2 kUkF32Avx2[kMR][kAvx2StripVectors] = {
-    MLACP_UK_ROW(ukernel_f32_avx2, 1), MLACP_UK_ROW(ukernel_f32_avx2, 2), MLACP_UK_ROW(ukernel_f32_avx2, 3),
-    MLACP_UK_ROW(ukernel_f32_avx2, 4)};
-#undef MLACP_UK_ROW
+template <int MR, size_t... V>
+constexpr std::array<UkF32Avx2, sizeof...(V)> avx2_row(std::index_sequence<V...>) {
+  return {&ukernel_f32_avx2<MR, static_cast<int>(V) + 1>...};
+}
+template <size_t... R>
+constexpr std::array<std::array<UkF32Avx2, kAvx2StripVectors>, sizeof...(R)> avx2_table(std::index_sequence<R...>) {
+  return {avx2_row<static_cast<int>(R) + 1>(std::make_index_sequence<kAvx2StripVectors>{})...};
+}
+constexpr auto kUkF32Avx2 = avx2_table(std::make_index_sequence<kAvx2Rows>{});
 
-// One micro-tile row block of a panel [w columns, `cols` of them stored] in strips of 24 columns.
-inline void panel_f32_avx2(int64_t mr, int64_t w, int64_t cols, int64_t k, const float* a, int64_t rs, int64_t cs,
-                           const float* b, float* c, int64_t ldc, bool accumulate) {
+// C[m × n] (=|+=) A · B (panels) on AVX2: per panel, strips of NV·8 columns (the strip's rows of
+// B stay in L1 while every row block of A passes over them), then MR-row blocks.
+MLACP_AVX2 void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t rs, int64_t cs, const float* b,
+                              float* c, int64_t ldc, bool accumulate, int64_t n_store) {
   constexpr int64_t strip = kAvx2Lanes * kAvx2StripVectors;
-  for (int64_t s0 = 0; s0 < std::min(w, cols); s0 += strip) {
-    const int64_t valid = std::min(strip, cols - s0);
-    const int64_t nv = ceil_div(valid, kAvx2Lanes);
-    const int last = static_cast<int>(valid - (nv - 1) * kAvx2Lanes);
-    kUkF32Avx2[mr - 1][nv - 1](k, a, rs, cs, b + s0, w, c + s0, ldc, last, accumulate);
+  for (int64_t n0 = 0; n0 < n; n0 += kNR) {
+    const int64_t w = round_up(std::min(kNR, n - n0), kLanes);
+    const int64_t cols = std::min(w, n_store - n0);
+    const float* bp = b + (n0 / kNR) * k * kNR;
+    for (int64_t s0 = 0; s0 < cols; s0 += strip) {
+      const int64_t valid = std::min(strip, cols - s0);
+      const int64_t nv = ceil_div(valid, kAvx2Lanes);
+      const int last = static_cast<int>(valid - (nv - 1) * kAvx2Lanes);
+      for (int64_t i = 0; i < m; i += kAvx2Rows) {
+        const int64_t mr = std::min<int64_t>(kAvx2Rows, m - i);
+        kUkF32Avx2[mr - 1][nv - 1](k, a + i * rs, rs, cs, bp + s0, w, c + i * ldc + n0 + s0, ldc, last, accumulate);
+      }
+    }
   }
 }
 
@@ -452,6 +468,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, i
   const int64_t unit = P::kPairs ? 2 : 1;
 #if MLACP_X86
   if constexpr (P::kAmx) return gemm_amx(m, n, ku, a, rs, cs, b, c, ldc, accumulate, n_store);
+  if constexpr (P::kAvx2) return gemm_f32_avx2(m, n, k, a, rs, cs, b, c, ldc, accumulate, n_store);
 #endif
   for (int64_t n0 = 0; n0 < n; n0 += kNR) {
     const int64_t w = round_up(std::min(kNR, n - n0), kLanes);
@@ -460,11 +477,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename P::E* a, int64_t rs, i
     const auto* bp = b + (n0 / kNR) * ku * kNR * unit;
     for (int64_t i = 0; i < m; i += kMR) {
       const int64_t mr = std::min(kMR, m - i);
-      if constexpr (P::kAvx2) {
-#if MLACP_X86
-        panel_f32_avx2(mr, w, cols, ku, a + i * rs, rs, cs, bp, c + i * ldc + n0, ldc, accumulate);
-#endif
-      } else if constexpr (!P::kAvx) {
+      if constexpr (!P::kAvx) {
         ukernel_portable(mr, w, cols, ku, a + i * rs, rs, cs, bp, c + i * ldc + n0, ldc, accumulate);
       } else {
 #if MLACP_X86

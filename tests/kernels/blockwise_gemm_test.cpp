@@ -151,7 +151,7 @@ void expect_float32_gemm_exact_to_rounding(const char* path) {
   struct Shape {
     int64_t m, n, k;
   };
-  // Whole and partial micro-tiles (4 rows), strips of 24 columns and their 8/16-column tails,
+  // Whole and partial micro-tiles (4 rows on AVX-512, 6 on AVX2), strips and their 8-column tails,
   // several panels, K of 1 and odd K.
   for (const Shape s : {Shape{4, 64, 192}, Shape{37, 130, 192}, Shape{5, 20, 33}, Shape{3, 1, 1}, Shape{9, 24, 7},
                         Shape{8, 40, 128}, Shape{128, 128, 128}})
