@@ -1,35 +1,38 @@
 #!/usr/bin/env bash
 # The whole test suite, both LibTorch versions and the Python package:
-#   1. the C++ suite (CTest) against Debian's LibTorch 1.13 (build/);
-#   2. the C++ suite against the LibTorch of the PyTorch 2.15 wheel (build-torch2/; a CUDA build: the
-#      NCCL groups and mlacp_gpu_check, the CUDA path, compile and link here), the Python
-#      package mlacp built from the same CMake project and installed into .venv, its pytest
-#      suite (HuggingFace parity on 2 and 4 gloo processes, training, errors) and the peer
-#      benchmark's smoke test (scripts/bench-peers.sh --quick: every system checked, mlacp exact
-#      and its bytes equal to its formula) and its longest-S search under a per-rank memory cgroup
-#      (--longest --quick: mlacp's leanest configuration reaches at least DeepSpeed-Ulysses's S). The command-line fuzz and hostile-invocation tests
-#      (pure argument handling, the same code on either LibTorch) run on the Debian leg only;
-#   3. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debian LibTorch,
-#      build-asan/, -O1): every test but the S = 8192 kernel-memory test, bench's memory-estimate
-#      test (ten bench runs, DeepSeek-V3 dims among them: minutes under the sanitizers), the option fuzz, the
-#      exactness matrix's second pass through the varlen pieces (minutes each under the sanitizers;
-#      all run unsanitized in legs 1 and 2; the pieces code runs sanitized in kernels_pieces_test
-#      and the matrix's own pieces cases), and the multi-host bench, fault, plan and train tests
-#      (timings and time bounds; the multi-host verify runs sanitized). Any report fails it.
-# The multi-host bench, fault and plan tests (timings, the same code on either LibTorch) run on the
-# Debian leg only; the wheel leg runs multi-host verify and train (LibTorch 2.x's store) and, in
-# pytest, torchrun --nnodes 2.
+#   1. wheel: the C++ suite (CTest) against the LibTorch of the PyTorch 2.15 wheel (build-torch2/; a
+#      CUDA build: the NCCL groups and mlacp_gpu_check, the CUDA path, compile and link here), every
+#      test, the timing ones included (the multi-host bench, fault and plan tests, the planner's
+#      grid) and the command-line fuzz and hostile-invocation tests; the Python package mlacp built
+#      from the same CMake project and installed into .venv, its pytest suite (HuggingFace parity on
+#      2 and 4 gloo processes, training, errors, torchrun --nnodes 2) and the peer benchmark's smoke
+#      test (scripts/bench-peers.sh --quick: every system checked, mlacp exact and its bytes equal to
+#      its formula) and its longest-S search under a per-rank memory cgroup (--longest --quick:
+#      mlacp's leanest configuration reaches at least DeepSpeed-Ulysses's S);
+#   2. sanitize: the C++ suite against Debian's LibTorch 1.13 under AddressSanitizer +
+#      UndefinedBehaviorSanitizer (build-asan/, -O1): every test but the S = 8192 kernel-memory
+#      test, bench's memory-estimate test (ten bench runs, DeepSeek-V3 dims among them: minutes
+#      under the sanitizers), the option fuzz, the exactness matrix's second pass through the varlen
+#      pieces (minutes each under the sanitizers; the pieces code runs sanitized in
+#      kernels_pieces_test and the matrix's own pieces cases), and the multi-host bench, fault,
+#      plan and train tests (timings and time bounds; the multi-host verify runs sanitized). Any
+#      report fails it. This leg is the suite's LibTorch 1.13 build and run.
+# Optional: debian, the same suite unsanitized (-O2) against LibTorch 1.13 (build/, the build of
+# scripts/run-main.sh). CI leaves it out: legs 1 and 2 run every one of its tests, and the leg cost
+# a full build and 16 min of tests on 2 cores.
+# Each GoogleTest binary runs all its cases in one process (tests/CMakeLists.txt, mlacp_test).
 # The multi-host tests (tests/multihost/) make network namespaces: they need root, which CI has;
 # elsewhere they are reported as skipped, with the reason.
-# MLACP_TEST_LEGS="debian wheel sanitize" (the default) selects legs. Extra arguments go to every CTest run.
+# MLACP_TEST_LEGS="wheel sanitize" (the default) selects legs. Extra arguments go to every CTest run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-legs="${MLACP_TEST_LEGS:-debian wheel sanitize}"
+legs="${MLACP_TEST_LEGS:-wheel sanitize}"
 jobs="${MLACP_TEST_JOBS:-2}"
 t0=$SECONDS
 "$root/scripts/setup.sh"
 echo "mlacp tests: Debian setup (apt) took $((SECONDS - t0)) s"
 for leg in $legs; do
+  leg_start=$SECONDS
   case "$leg" in
     debian)
       echo "== mlacp tests: C++ suite, Debian LibTorch 1.13 =="
@@ -48,8 +51,7 @@ for leg in $legs; do
         || { echo "run-tests: the tool was built without the NCCL groups" >&2; exit 1; }
       nm -C "$root/build-torch2/mlacp_gpu_check" | grep -c "_efficient_attention_forward" >/dev/null \
         || { echo "run-tests: mlacp_gpu_check is missing or lacks the CUDA attention calls" >&2; exit 1; }
-      (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" \
-          -E '^(cli_fuzz_invalid_options|cli_invalid_invocations_are_clear_errors|cli_plan_grid_small|multihost_(bench|faults|plan))$' "$@")
+      (cd "$root/build-torch2" && ctest --output-on-failure -j "$jobs" "$@")
       (cd "$root" && MLACP_BUILD_DIR="$root/build-torch2" "$root/.venv/bin/pip" install -q \
           --disable-pip-version-check --no-build-isolation --no-deps .)
       (cd "$root/tests/python" && "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider .)
@@ -65,7 +67,9 @@ for leg in $legs; do
       (cd "$root/build-asan" && \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
         ctest --output-on-failure -j "$jobs" --timeout 900 \
-          -E '^(BlockwiseAttention.TemporariesStayUnderFivePercentOfTheScoresAtS8192|cli_fuzz_invalid_options|cli_plan_grid_small|cli_bench_memory_estimate|Pieces/CpMatrix\..*|multihost_(bench|faults|plan|train))$' "$@") ;;
+          -E '^(kernels_blockwise_test\.s8192|cli_fuzz_invalid_options|cli_plan_grid_small|cli_bench_memory_estimate|check_cp_matrix_test\.pieces|multihost_(bench|faults|plan|train))$' "$@") ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
+  echo "mlacp tests: leg $leg took $((SECONDS - leg_start)) s"
 done
+echo "mlacp tests: all legs ($legs) passed in $SECONDS s"

@@ -20,19 +20,21 @@ A last family damages a checkpoint of two generations (trained once, copied per 
 resumes from it (see checkpoint_cases): a damaged newest generation is an error of kind fault
 (exit 4) naming the damaged file and the older generation, --resume-fallback takes that one, and
 what a kill leaves (a .partial or .pruning folder) or a damaged older generation is passed over.
-Every invocation runs in its own session (process group) with a memory limit.
+Every invocation runs in its own session (process group) with a memory limit; MLACP_FUZZ_JOBS
+invocations (default 2) run at a time.
 Usage: fuzz_invalid_options.py MLACP
 """
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 COMMANDS = ["info", "verify", "bench", "bench-kernel", "train", "plan"]
 TIME_LIMIT_S = 30
@@ -113,10 +115,10 @@ def leftover_processes(session):
 SANITIZED = os.environ.get("MLACP_SANITIZED") == "1"
 
 
-def limit_memory():
-    os.setsid()
-    if not SANITIZED:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+def limited(argv):
+    """argv under the memory limit (prlimit execs the command in place: same pid); the process
+    itself starts a session (Popen's start_new_session: no preexec_fn, which threads make unsafe)."""
+    return argv if SANITIZED else ["prlimit", f"--as={MEMORY_LIMIT}", "--"] + argv
 
 
 class Harness:
@@ -124,13 +126,30 @@ class Harness:
         self.mlacp = mlacp
         self.total = 0
         self.failures = []
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=max(1, int(os.environ.get("MLACP_FUZZ_JOBS", "2"))))
+        self.pending = []
+        self.sequential = False  # one invocation at a time (they share a fixed port)
 
-    def run(self, argv, env=None, expect_rc=2, names=(), contains=(), keep=(), setup=None):
+    def run(self, *args, **kwargs):
+        """Queues one invocation (check_one's arguments); wait() collects them."""
+        with self.lock:
+            self.total += 1
+        if self.sequential:
+            self.check_one(*args, **kwargs)
+        else:
+            self.pending.append(self.pool.submit(self.check_one, *args, **kwargs))
+
+    def wait(self):
+        for done in self.pending:
+            done.result()  # a harness error propagates
+        self.pending = []
+
+    def check_one(self, argv, env=None, expect_rc=2, names=(), contains=(), keep=(), setup=None):
         """Runs `mlacp argv...` in a fresh working folder (holding A_FILE and what `setup(folder)`
         makes) with a private $TMPDIR and `env` added; records a failure unless it exits
         `expect_rc` with an mlacp: line naming one of `names` (for exit 2) and the output holding
         every text of `contains`. Files named in `keep` may stay in the working folder."""
-        self.total += 1
         work = tempfile.mkdtemp(prefix="mlacp-fuzz-")
         tmp, run_dir = os.path.join(work, "tmp"), os.path.join(work, "run")
         os.mkdir(tmp)
@@ -143,8 +162,8 @@ class Harness:
             full_env["ASAN_OPTIONS"] = (full_env.get("ASAN_OPTIONS", "") +
                                         f":hard_rss_limit_mb={MEMORY_LIMIT >> 20}").lstrip(":")
         start = time.monotonic()
-        p = subprocess.Popen([self.mlacp] + argv, cwd=run_dir, env=full_env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, preexec_fn=limit_memory)
+        p = subprocess.Popen(limited([self.mlacp] + argv), cwd=run_dir, env=full_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             out, _ = p.communicate(timeout=TIME_LIMIT_S)
             rc = p.returncode
@@ -182,8 +201,9 @@ class Harness:
             problems.append("files left: " + " ".join(leftovers))
         if problems:
             label = " ".join(f"{k}={v}" for k, v in (env or {}).items())
-            self.failures.append((label + (" " if label else "") + " ".join(argv), problems,
-                                  out.strip().splitlines()[-3:], took))
+            with self.lock:
+                self.failures.append((label + (" " if label else "") + " ".join(argv), problems,
+                                      out.strip().splitlines()[-3:], took))
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -311,13 +331,15 @@ def main():
     h = Harness(mlacp)
     families = []  # (name, invocations, seconds)
 
-    def family(name, cases, *args):
+    def family(name, cases, *args, sequential=False):
         count, start = h.total, time.monotonic()
+        h.sequential = sequential
         cases(h, *args)
+        h.wait()
         families.append((name, h.total - count, time.monotonic() - start))
 
     family("option values and paths", option_cases)
-    family("torchrun-style environments", environment_cases)
+    family("torchrun-style environments", environment_cases, sequential=True)  # all on MASTER_PORT 29400
     base = tempfile.mkdtemp(prefix="mlacp-fuzz-ckpt-")
     try:
         trained = subprocess.run([mlacp] + TRAIN + ["--steps", "2", "--checkpoint-every", "1", "--checkpoint",
