@@ -1,4 +1,5 @@
-// `mlacp info`: what this machine gives mlacp (LibTorch, BLAS, threads, Gloo, GEMM rates).
+// `mlacp info`: what this machine gives mlacp (LibTorch, BLAS, threads, the attention kernel's
+// paths, Gloo, GEMM rates).
 #include <iostream>
 
 #include <ATen/Parallel.h>
@@ -8,6 +9,7 @@
 #include "option_checks.h"
 #include "comm/gloo_probe.h"
 #include "core/device.h"
+#include "kernels/blockwise_attention.h"
 #include "kernels/float32_gemm.h"
 #include "kernels/gemm_rate.h"
 #include "mlacp/config.h"
@@ -43,6 +45,9 @@ int run_info(const CommonArgs& common, const InfoArgs& args) {
                                       : "")
             << "\n";
   std::cout << "float32 GEMM " << route.detail << "\n";
+  // The attention kernel's paths, chosen at run time from the CPU (docs/DESIGN.md §10, §14).
+  std::cout << "attention    float32 " << path_name(automatic_path(at::kFloat)) << "; bfloat16 "
+            << bf16_path_choice().reason << "\n";
   const GlooProbe gloo = probe_gloo();
   std::cout << "c10d Gloo    " << (gloo.available ? "available" : "NOT available") << " (" << gloo.detail << ")\n";
 #ifdef USE_C10D_NCCL

@@ -137,5 +137,8 @@ void blockwise_attention_backward_into(const at::Tensor& q, const at::Tensor& k,
                                        const BlockwiseOptions& options = {});
 // True when this CPU can run `path` (automatic: always).
 bool path_supported(BlockwisePath path);
+// The path `automatic` takes on this CPU for inputs of `dtype` (kBFloat16: also float32 inputs
+// under CPU bf16 autocast); `mlacp info` prints it.
+BlockwisePath automatic_path(c10::ScalarType dtype);
 
 }  // namespace mlacp

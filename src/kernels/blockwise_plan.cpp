@@ -77,10 +77,7 @@ BlockwisePath choose_path(const at::Tensor& q, BlockwisePath requested) {
                   "float64 runs float64_portable; the bf16 paths need bf16 inputs or bf16 autocast");
     return requested;
   }
-  if (q.scalar_type() == at::kDouble) return BlockwisePath::float64_portable;
-  if (bf16) return bf16_path_choice().path;
-  if (cpu_has_avx512()) return BlockwisePath::float32_avx512;
-  return cpu_has_avx2_fma() ? BlockwisePath::float32_avx2 : BlockwisePath::float32_portable;
+  return automatic_path(bf16 ? at::kBFloat16 : q.scalar_type());
 }
 
 }  // namespace
@@ -251,6 +248,13 @@ Bf16PathChoice bf16_path_choice() {
     c.reason = "float32_portable: neither AVX-512 nor AVX2 + FMA on this CPU";
   }
   return c;
+}
+
+BlockwisePath automatic_path(c10::ScalarType dtype) {
+  if (dtype == at::kDouble) return BlockwisePath::float64_portable;
+  if (dtype == at::kBFloat16) return bf16_path_choice().path;
+  if (cpu_has_avx512()) return BlockwisePath::float32_avx512;
+  return cpu_has_avx2_fma() ? BlockwisePath::float32_avx2 : BlockwisePath::float32_portable;
 }
 
 bool path_supported(BlockwisePath path) {
