@@ -10,6 +10,9 @@ libtorch="${MLACP_LIBTORCH:-debian}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"   # cache hits across clones (CI builds a fresh one)
+# The sanitizer build has debug info (-g1), and ccache then hashes the working folder by default: a
+# fresh clone (CI's) missed every object. Debug info may name the folder of the first build.
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 jobs="${MLACP_BUILD_JOBS:-$(nproc)}"
 case "$libtorch" in
   debian)
