@@ -61,7 +61,10 @@ struct ResolvedForward {
 class RmsNormImpl : public torch::nn::Module {
  public:
   RmsNormImpl(int64_t dim, double eps, const at::TensorOptions& options, bool always_float32 = false);
+  // With a graph, the node keeps x only and recomputes the rest in the backward (same gradients).
   at::Tensor forward(const at::Tensor& x);
+  // weight * x / rms(x) in at least float32 (HuggingFace's order with always_float32), no node.
+  static at::Tensor normalise(const at::Tensor& x, const at::Tensor& weight, double eps, bool always_float32);
   at::Tensor weight;
   double eps;
   bool always_float32;  // MlaConfig::rms_norm_float32

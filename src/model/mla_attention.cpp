@@ -2,7 +2,10 @@
 #include "model/mla_layer.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
+#include "core/autograd_node.h"
+#include "core/compat.h"
 #include "core/format.h"
 #include "kernels/attend.h"
 #include "kernels/rope.h"
@@ -18,7 +21,7 @@ RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, const at::TensorOptions& opti
   weight = register_parameter("weight", at::ones({dim}, options));
 }
 
-at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+at::Tensor RmsNormImpl::normalise(const at::Tensor& x, const at::Tensor& weight, double eps, bool always_float32) {
   // Normalise in at least float32 (DeepSeek's rule); the result keeps the input's dtype, so
   // under autocast all three latents share one dtype.
   if (always_float32) {  // HuggingFace's order of operations, for bit-level parity with it
@@ -30,6 +33,43 @@ at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
   at::Tensor xc = x.to(compute);
   at::Tensor normalised = xc * at::rsqrt(xc.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return (weight.to(compute) * normalised).to(x.scalar_type());
+}
+
+at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+  const bool x_grad = x.requires_grad(), weight_grad = weight.requires_grad();
+  if (!at::GradMode::is_enabled() || (!x_grad && !weight_grad)) return normalise(x, weight, eps, always_float32);
+  // Recomputed in the backward (docs/DESIGN.md §8, "What a step keeps"): LibTorch's graph of the
+  // ops above would keep the input, the normalised input (for the weight's gradient) and, in the
+  // consumer, the output: three [.., dim] tensors. This node keeps the input only; its backward
+  // runs the same ops again with a graph and differentiates them, so the gradients are those
+  // autograd gives the ops above, to the bit. The output is a fresh tensor its consumer may save.
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = normalise(x, weight, eps, always_float32);
+  }
+  const SavedForBackward saved({x.detach(), weight.detach()}, {"RMSNorm input", "RMSNorm weight"});
+  const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture(x.device().type());
+  const double e = eps;
+  const bool f32 = always_float32;
+  BackwardFn backward = [saved, autocast, e, f32, x_grad, weight_grad](std::vector<at::Tensor> g) {
+    saved.check("RMSNorm");
+    const at::Tensor x_again = saved[0].detach().requires_grad_(x_grad);
+    const at::Tensor w_again = saved[1].detach().requires_grad_(weight_grad);
+    at::Tensor y;
+    {
+      at::AutoGradMode grad_on(true);
+      const auto autocast_guard = autocast.enter();
+      y = normalise(x_again, w_again, e, f32);
+    }
+    std::vector<at::Tensor> wrt;
+    if (x_grad) wrt.push_back(x_again);
+    if (weight_grad) wrt.push_back(w_again);
+    std::vector<at::Tensor> grads = torch::autograd::grad({y}, wrt, {g[0]}, /*retain_graph=*/false,
+                                                          /*create_graph=*/false, /*allow_unused=*/true);
+    return std::vector<at::Tensor>{x_grad ? grads.front() : at::Tensor(), weight_grad ? grads.back() : at::Tensor()};
+  };
+  return attach_backward({x, weight}, {out}, "RMSNormBackward (recomputed)", std::move(backward))[0];
 }
 
 // ---------------------------------------------------------------------------------------------

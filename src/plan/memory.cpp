@@ -91,9 +91,15 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
 
   // Activations of the projections (what the backward keeps), this rank's tokens.
   double act = T * hidden * 2;                               // input, output
-  if (s.q_latent) act += T * Rq * 2;                         // q latent, normed
-  act += T * H * Dqk * 2;                                    // q, q after RoPE
-  act += T * (Rkv + Dr) * 2 + T * Rkv;                       // kv latent + key rope, normed
+  if (s.q_latent) act += T * Rq * 2;                         // q latent (the norm's input), normed
+  // The local queries: nothing keeps them past the exchange (RoPE keeps its table, q_b_proj its
+  // input; the exchanged Q, counted below, is the same tensor at U = 1), but while they are made
+  // q_b_proj's output and the rotated Q live at once: one copy, for the forward's transient; the
+  // expanded strategy sends Q packed with K and V, a second copy while the exchange runs.
+  act += T * H * Dqk * (plan.strategy() == CpStrategy::latent_kv_head ? 1.0 : 2.0);
+  // kv_a_proj's output [kv latent | key rope] (the kv norm keeps its input only and recomputes the
+  // rest: RmsNormImpl::forward); the expanded strategy's local kv_b_proj keeps the normed latent.
+  act += T * (Rkv + Dr) + (plan.strategy() == CpStrategy::latent_kv_head ? 0.0 : T * Rkv);
   act += T * H * Dv * 2;                                     // attention output (head and sequence layouts)
   if (s.output_gate) act += T * H * 2;
   // What the exchange brings in: queries of Hc heads for U shards, K/V of Hc heads over S.

@@ -82,23 +82,49 @@ class RowSplitAttention {
   std::unique_ptr<SegmentedAttention> segmented_;
 };
 
+// What the latent strategy sends, [kv_latent | key rope] [B,S_l,Rkv+Dr], as the overlapped forms'
+// nodes take it: its inputs are edges to the two tensors (nothing of them is kept: a stage would
+// hold the latent, as its graph's leaf, until the backward), and its backward is the concat's.
+struct LatentPayload {
+  at::Tensor kv_latent, key_rope;  // with their autograd history (the node's inputs)
+  int64_t latent_width = 0;
+  bool requires_grad() const { return kv_latent.requires_grad() || key_rope.requires_grad(); }
+  std::vector<at::Tensor> inputs() const { return {kv_latent, key_rope}; }
+  // What the node's backward needs of it (no tensor: see above).
+  struct Backward {
+    int64_t latent_width;
+    at::ScalarType key_rope_dtype;
+    bool latent_grad, key_rope_grad;
+    // d payload [B,S_l,Rkv+Dr] -> d kv_latent, d key rope (the concat's backward: views of d, the
+    // key rope's part in its dtype; undefined where not needed).
+    std::vector<at::Tensor> operator()(const at::Tensor& d) const {
+      at::Tensor d_latent, d_key_rope;
+      if (latent_grad) d_latent = d.narrow(-1, 0, latent_width);
+      if (key_rope_grad) d_key_rope = d.narrow(-1, latent_width, d.size(-1) - latent_width).to(key_rope_dtype);
+      return {d_latent, d_key_rope};
+    }
+  };
+  Backward backward() const {
+    return {latent_width, key_rope.scalar_type(), kv_latent.requires_grad(), key_rope.requires_grad()};
+  }
+};
+
 // The overlapped forms' start: launch the latent gather, q_b_proj+RoPE under it, wait it, launch
-// the Q exchange. The stages keep their graphs for the node's backward.
+// the Q exchange. The query stage keeps its graph for the node's backward.
 struct LatentExchanges {
-  std::shared_ptr<Stage> payload, query;  // [kv_latent | key rope] [B,S_l,Rkv+Dr]; Q [B,S_l,H,Dqk]
-  at::Tensor gathered;                    // [B,S,Rkv+Dr]
-  AsyncHandle q_exchange;                 // -> [B,U*S_l,Hc,Dqk]
+  LatentPayload payload;
+  std::shared_ptr<Stage> query;  // Q [B,S_l,H,Dqk]
+  at::Tensor gathered;           // [B,S,Rkv+Dr]
+  AsyncHandle q_exchange;        // -> [B,U*S_l,Hc,Dqk]
 };
 LatentExchanges launch_latent_exchanges(const ScheduleContext& ctx, const LocalStep& step) {
   LatentExchanges x;
-  x.payload = std::make_shared<Stage>("latent_payload", std::vector<at::Tensor>{step.latents.kv_latent, step.key_rope},
-                                      std::vector<at::Tensor>{}, [](const std::vector<at::Tensor>& in) {
-                                        return std::vector<at::Tensor>{latent_payload(in[0], in[1])};
-                                      });
+  x.payload = {step.latents.kv_latent, step.key_rope, step.latents.kv_latent.size(-1)};
   AsyncHandle gather;
   {
     at::NoGradGuard no_grad;
-    gather = launch_all_gather_seq(ctx.groups.cp, x.payload->output(0).detach(), transfer_name(Transfer::latent));
+    gather = launch_all_gather_seq(ctx.groups.cp, latent_payload(step.latents.kv_latent, step.key_rope),
+                                   transfer_name(Transfer::latent));
   }
   x.query = query_stage(ctx, step);
   at::NoGradGuard no_grad;
@@ -214,7 +240,8 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
 
   // --- forward ---
   LatentExchanges x = launch_latent_exchanges(ctx, step);
-  const std::shared_ptr<Stage> payload = x.payload, query_stage = x.query;
+  const LatentPayload payload = x.payload;
+  const std::shared_ptr<Stage> query_stage = x.query;
   const at::Tensor& query = query_stage->output(0);  // [B,S_l,H,Dqk]
   const at::Tensor gathered = x.gathered;            // [B,S,Rkv+Dr]
   AsyncHandle q_exchange = std::move(x.q_exchange);
@@ -229,7 +256,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     at::NoGradGuard no_grad;
     projected = at::linear(latent_all, weight.detach(), bias.defined() ? bias.detach() : at::Tensor());
   }
-  const bool has_bias = bias.defined(), needs_payload = payload->requires_grad();
+  const bool has_bias = bias.defined(), needs_payload = payload.requires_grad();
   const bool needs_weight = weight.requires_grad(), needs_bias = has_bias && bias.requires_grad();
   auto kv_stage = std::make_shared<Stage>(
       "assemble_kv", std::vector<at::Tensor>{projected, shared_all}, std::vector<at::Tensor>{},
@@ -248,10 +275,11 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
   }
 
   // --- the node: inputs kv_latent, key_rope, query_latent, query params, kv_b_proj rows ---
-  std::vector<at::Tensor> inputs = payload->inputs();
+  std::vector<at::Tensor> inputs = payload.inputs();
   append(inputs, query_stage->inputs());
   inputs.push_back(weight);
   if (has_bias) inputs.push_back(bias);
+  const LatentPayload::Backward payload_backward = payload.backward();
   const SavedForBackward saved({latent_all, weight.detach()}, {"gathered latent", "kv_b_proj.weight"});
   const compat::AutocastSnapshot autocast = compat::AutocastSnapshot::capture(latent_all.device().type());
   const bool needs_query = query_stage->requires_grad();
@@ -286,7 +314,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
     if (needs_bias) d_bias = d_kv.sum(0).to(weight_s.scalar_type());
     d_kv = at::Tensor();
     std::vector<at::Tensor> payload_grads(2);  // 5. wait the reduce-scatter: this rank's d payload
-    if (needs_payload) payload_grads = payload->backprop({reduce.wait_one()});
+    if (needs_payload) payload_grads = payload_backward(reduce.wait_one());
     std::vector<at::Tensor> query_grads(query_inputs);  // 6. wait dQ, then q_b_proj+RoPE backward
     if (needs_query) query_grads = query_stage->backprop({d_query.wait_one()});
     std::vector<at::Tensor> out = payload_grads;
@@ -299,7 +327,7 @@ at::Tensor LatentSchedule::overlapped(const ScheduleContext& ctx, const LocalSte
                                                    std::move(backward));
   // Sent or handed on: the local payload and Q (their exchanged forms are what the rest reads),
   // K and V (the attention holds them).
-  for (Stage* s : {payload.get(), query_stage.get(), kv_stage.get()}) s->release_outputs();
+  for (Stage* s : {query_stage.get(), kv_stage.get()}) s->release_outputs();
   return output_stage(ctx, step, attention.finish(waited[0], waited[1], waited[2]), {}, /*overlap=*/true);
 }
 
@@ -320,7 +348,8 @@ at::Tensor LatentSchedule::overlapped_recompute(const ScheduleContext& ctx, cons
 
   // --- forward ---
   LatentExchanges x = launch_latent_exchanges(ctx, step);
-  const std::shared_ptr<Stage> payload = x.payload, query_stage = x.query;
+  const LatentPayload payload = x.payload;
+  const std::shared_ptr<Stage> query_stage = x.query;
   at::Tensor gathered = std::move(x.gathered);  // [B,S,Rkv+Dr]
   AsyncHandle q_exchange = std::move(x.q_exchange);
   const int64_t begin = ctx.plan.head_begin(ctx.groups.cp_rank);
@@ -340,14 +369,15 @@ at::Tensor LatentSchedule::overlapped_recompute(const ScheduleContext& ctx, cons
   at::Tensor out = attention->finish_rows(q_heads);  // [B,U*S_l,Hc,Dv]
 
   // --- the node: inputs kv_latent, key_rope, query_latent, query params, kv_b_proj rows ---
-  const bool has_bias = bias.defined(), needs_payload = payload->requires_grad(), needs_query = query_stage->requires_grad();
+  const bool has_bias = bias.defined(), needs_payload = payload.requires_grad(), needs_query = query_stage->requires_grad();
   const LatentKvAttention::Needs needs{needs_query, needs_payload,
                                        weight.requires_grad() || (has_bias && bias.requires_grad())};
-  std::vector<at::Tensor> inputs = payload->inputs();
+  std::vector<at::Tensor> inputs = payload.inputs();
   append(inputs, query_stage->inputs());
   inputs.push_back(weight);
   if (has_bias) inputs.push_back(bias);
   const size_t query_inputs = query_stage->inputs().size();
+  const LatentPayload::Backward payload_backward = payload.backward();
   BackwardFn backward = [=](std::vector<at::Tensor> g) -> std::vector<at::Tensor> {
     attention->check_saved();
     AsyncHandle d_query, reduce;
@@ -371,14 +401,15 @@ at::Tensor LatentSchedule::overlapped_recompute(const ScheduleContext& ctx, cons
       ComputeSpan span(tl, "q_b_proj_rope_backward");
       query_grads = query_stage->backprop({dq});
     }
-    std::vector<at::Tensor> out = needs_payload ? payload->backprop({reduce.wait_one()}) : std::vector<at::Tensor>(2);
+    std::vector<at::Tensor> out = needs_payload ? payload_backward(reduce.wait_one())
+                                                : std::vector<at::Tensor>(2);
     append(out, query_grads);
     out.push_back(grads.d_weight);
     if (has_bias) out.push_back(grads.d_bias);
     return out;
   };
   std::vector<at::Tensor> attended = attach_backward(inputs, {out}, "LatentScheduleKvRecompute", std::move(backward));
-  for (Stage* s : {payload.get(), query_stage.get()}) s->release_outputs();
+  query_stage->release_outputs();
   return output_stage(ctx, step, attended[0], {}, /*overlap=*/true);
 }
 

@@ -216,8 +216,11 @@ MemoryEstimate training_memory(const TrainConfig& config) {
     if (name == "activations") saved += bytes;
   for (const auto& [name, bytes] : both.parts)
     if (name != "parameters" && name != "activations") working = std::max(working, bytes);
-  // SwiGLU (gate, up, their product, down's input) and two RMSNorms (input, output).
-  const double mlp = tokens * (3.0 * I + 4.0 * d) * e;
+  // SwiGLU (gate, up, their product, down's input) and two RMSNorms: each keeps its input (the
+  // norm recomputes the rest in its backward) and its consumers keep its output, under bf16
+  // autocast as the bf16 copies the GEMMs make.
+  const double norm_output_bytes = config.dtype == at::kBFloat16 ? 2.0 : e;
+  const double mlp = tokens * (3.0 * I + 2.0 * d) * e + tokens * 2.0 * d * norm_output_bytes;
   saved += mlp;
   // TP: the hidden state's copy at the layer's TP entry and the o_proj partial sum's all-reduced copy.
   if (config.mesh.tp > 1) saved += 2.0 * tokens * d * e;
@@ -225,8 +228,9 @@ MemoryEstimate training_memory(const TrainConfig& config) {
   // them it holds the attention kernel's buffers and the residual stream's gradient (two copies).
   working += 2.0 * tokens * d * e;
   // The loss: log-softmax's output and, in its backward, the two gradients of [T, V] (the logits die
-  // with the forward's scope); the final norm and head's hidden states.
-  const double loss_phase = tokens * (3.0 * V + 4.0 * d) * e;
+  // with the forward's scope); the final norm's input and output (the head's input; its bf16 copy
+  // under autocast) and the hidden state's gradient.
+  const double loss_phase = tokens * (3.0 * V + 2.0 * d) * e + tokens * d * norm_output_bytes;
   const double kept = config.recompute ? tokens * d * e * L : saved * L;  // held across the forward
   const double in_backward = kept + (config.recompute ? saved : 0.0) + working;
   if (kept + loss_phase >= in_backward) {

@@ -7,6 +7,7 @@
 
 #include "check/cases.h"
 #include "check/compare.h"
+#include "core/memory_probe.h"
 #include "mlacp/attention.h"
 #include "mlacp/errors.h"
 #include "model/mla_layer.h"
@@ -215,6 +216,55 @@ TEST(RmsNorm, Float32ModeIsHuggingFacesFormula) {
   RmsNorm reference(8, 1e-6, at::TensorOptions().dtype(at::kDouble));
   reference->weight = norm->weight;
   EXPECT_GT(max_abs_error(reference->forward(x), hf), 0.0);  // float64 throughout differs
+}
+
+// With a graph the norm keeps its input only and recomputes the rest in the backward: the
+// gradients of the input and the weight are autograd's of the formula's ops, to the bit, in both
+// modes, and what the forward leaves alive is its output (the composed ops also keep the
+// normalised input, as large as the output). An in-place change of the input is caught.
+TEST(RmsNorm, RecomputesInTheBackwardKeepingOnlyTheInput) {
+  install_memory_probe();
+  for (const bool hf_order : {true, false}) {
+    RmsNorm norm(64, 1e-6, at::TensorOptions().dtype(at::kFloat), hf_order);
+    {
+      at::NoGradGuard no_grad;
+      norm->weight.uniform_(0.5, 1.5);
+    }
+    const at::Tensor x0 = at::randn({4, 256, 64});
+    const at::Tensor d_out = at::randn({4, 256, 64});
+    const int64_t out_bytes = x0.numel() * 4;
+
+    at::Tensor x = x0.clone().requires_grad_(true), out;
+    int64_t kept = 0;
+    {
+      MemoryScope scope;
+      out = norm->forward(x);
+      kept = scope.current_extra_bytes();
+    }
+    EXPECT_EQ(kept, out_bytes) << "hf_order=" << hf_order;
+    out.backward(d_out);
+    const at::Tensor dx = x.grad().clone(), dw = norm->weight.grad().clone();
+
+    at::Tensor xr = x0.clone().requires_grad_(true), wr = norm->weight.detach().clone().requires_grad_(true), ref;
+    int64_t kept_composed = 0;
+    {
+      MemoryScope scope;
+      ref = RmsNormImpl::normalise(xr, wr, 1e-6, hf_order);
+      kept_composed = scope.current_extra_bytes();
+    }
+    EXPECT_GE(kept_composed, 2 * out_bytes) << "hf_order=" << hf_order;
+    ref.backward(d_out);
+    EXPECT_TRUE(at::equal(out, ref));
+    EXPECT_TRUE(at::equal(dx, xr.grad())) << "hf_order=" << hf_order;
+    EXPECT_TRUE(at::equal(dw, wr.grad())) << "hf_order=" << hf_order;
+
+    at::Tensor y = norm->forward(x);
+    {
+      at::NoGradGuard no_grad;
+      x.mul_(2);
+    }
+    EXPECT_THROW(y.sum().backward(), std::exception);
+  }
 }
 
 }  // namespace
