@@ -34,6 +34,15 @@ class LambdaBackward : public torch::autograd::Node {
     MLACP_REQUIRE(fn != nullptr, "autograd", "backward ran through an mlacp node a second time, after its saved "
                   "tensors were freed", {got("node", name_)},
                   "run the forward again before another backward (a CP layer's backward runs once per forward)");
+    // The engine runs a node with grad mode on only under create_graph=True: a backward function
+    // computes its gradients without a graph, so a second derivative through it would silently be
+    // zero. Refused instead.
+    MLACP_REQUIRE(!at::GradMode::is_enabled(), "autograd",
+                  "a backward through an mlacp node was asked for a graph of its own (create_graph=True): "
+                  "mlacp's nodes compute first derivatives only",
+                  {got("node", name_)},
+                  "differentiate once (backward without create_graph); for second derivatives run the layer "
+                  "single-device with the reference kernel outside mlacp");
     for (size_t i = 0; i < grads.size(); ++i)
       if (!grads[i].defined()) grads[i] = at::zeros(outputs_[i].sizes, outputs_[i].options);
     return (*fn)(std::move(grads));

@@ -2,7 +2,8 @@
 // as soon as that backward has run, as LibTorch frees its own nodes' saved variables, not when the
 // whole graph dies at the end of the backward pass (a schedule's saved K/V, Q and output would
 // otherwise all stay alive through every later node's backward and raise the step's peak); a
-// second backward through a freed node is a clear error; retain_graph keeps them.
+// second backward through a freed node is a clear error; retain_graph keeps them; a backward that
+// asks for a graph of its own (create_graph) is refused.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -62,6 +63,18 @@ TEST(AutogradNode, RetainGraphKeepsTheCapturedTensorsForASecondBackward) {
   loss.backward({}, /*retain_graph=*/true);
   loss.backward();
   EXPECT_TRUE(at::equal(x.grad(), at::full({4}, 4.0)));
+}
+
+// A node's backward makes no graph, so a second derivative through it would be zero: a backward
+// under create_graph=True is refused, naming the node.
+TEST(AutogradNode, ABackwardWithCreateGraphIsAClearError) {
+  const at::Tensor x = at::ones({4}).requires_grad_(true);
+  at::Tensor loss = doubled_holding(x, at::ones({8})).sum();
+  const std::string message = test::error_of([&] {
+    torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  });
+  EXPECT_NE(message.find("create_graph=True"), std::string::npos) << message;
+  EXPECT_NE(message.find("DoubledHolding"), std::string::npos) << message;
 }
 
 }  // namespace
