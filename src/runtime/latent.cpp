@@ -87,7 +87,6 @@ class RowSplitAttention {
 // hold the latent, as its graph's leaf, until the backward), and its backward is the concat's.
 struct LatentPayload {
   at::Tensor kv_latent, key_rope;  // with their autograd history (the node's inputs)
-  int64_t latent_width = 0;
   bool requires_grad() const { return kv_latent.requires_grad() || key_rope.requires_grad(); }
   std::vector<at::Tensor> inputs() const { return {kv_latent, key_rope}; }
   // What the node's backward needs of it (no tensor: see above).
@@ -105,7 +104,7 @@ struct LatentPayload {
     }
   };
   Backward backward() const {
-    return {latent_width, key_rope.scalar_type(), kv_latent.requires_grad(), key_rope.requires_grad()};
+    return {kv_latent.size(-1), key_rope.scalar_type(), kv_latent.requires_grad(), key_rope.requires_grad()};
   }
 };
 
@@ -119,7 +118,7 @@ struct LatentExchanges {
 };
 LatentExchanges launch_latent_exchanges(const ScheduleContext& ctx, const LocalStep& step) {
   LatentExchanges x;
-  x.payload = {step.latents.kv_latent, step.key_rope, step.latents.kv_latent.size(-1)};
+  x.payload = {step.latents.kv_latent, step.key_rope};
   AsyncHandle gather;
   {
     at::NoGradGuard no_grad;
