@@ -227,11 +227,13 @@ constexpr std::array<std::array<UkF32Avx2, kAvx2StripVectors>, sizeof...(R)> avx
 }
 constexpr auto kUkF32Avx2 = avx2_table(std::make_index_sequence<kAvx2Rows>{});
 
-// C[m × n] (=|+=) A · B (panels) on AVX2: per panel, strips of NV·8 columns (the strip's rows of
-// B stay in L1 while every row block of A passes over them), then MR-row blocks.
+// C[m × n] (=|+=) A · B (strip-major panels) on AVX2: per panel, strips of NV·8 columns (the
+// strip, K × 64 contiguous bytes, stays in L1 while every row block of A passes over it), then
+// MR-row blocks.
 MLACP_AVX2 void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t rs, int64_t cs, const float* b,
                               float* c, int64_t ldc, bool accumulate, int64_t n_store) {
   constexpr int64_t strip = kAvx2Lanes * kAvx2StripVectors;
+  static_assert(strip == kStripCols, "the micro-kernel's strip is the panel's");
   for (int64_t n0 = 0; n0 < n; n0 += kNR) {
     const int64_t w = round_up(std::min(kNR, n - n0), kLanes);
     const int64_t cols = std::min(w, n_store - n0);
@@ -242,7 +244,8 @@ MLACP_AVX2 void gemm_f32_avx2(int64_t m, int64_t n, int64_t k, const float* a, i
       const int last = static_cast<int>(valid - (nv - 1) * kAvx2Lanes);
       for (int64_t i = 0; i < m; i += kAvx2Rows) {
         const int64_t mr = std::min<int64_t>(kAvx2Rows, m - i);
-        kUkF32Avx2[mr - 1][nv - 1](k, a + i * rs, rs, cs, bp + s0, w, c + i * ldc + n0 + s0, ldc, last, accumulate);
+        kUkF32Avx2[mr - 1][nv - 1](k, a + i * rs, rs, cs, bp + s0 * k, strip, c + i * ldc + n0 + s0, ldc, last,
+                                   accumulate);
       }
     }
   }

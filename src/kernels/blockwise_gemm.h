@@ -139,7 +139,19 @@ RowsE<typename P::E> rows_as(const Rows4& src, int64_t b, int64_t h, int64_t s0,
 // [64j, 64j + w) with w = round_up(min(64, N − 64j), 16), zero-padded:
 //   plain paths  panel[p][w]        at offset j·K·64
 //   pair paths   panel[p/2][w][2]   at offset j·ceil(K/2)·64·2   (element p of the pair in [2])
+//   AVX2 paths   panel[w/16][p][16] at offset j·K·64: strip-major, so the 16-column strip the
+//                micro-kernel reads is one contiguous K × 64-byte run. Row-major, a strip's rows
+//                lie 256 bytes apart and map to a quarter of L1's sets: at K ≥ 128 they evict
+//                each other before the next row block reads them again.
 inline int64_t panel_elems(int64_t k, int64_t n) { return round_up(k, 2) * round_up(n, kNR); }
+constexpr int64_t kStripCols = 16;  // columns per strip of an AVX2 panel (two 8-lane vectors)
+
+// Offset of B[p][c] in its panel of width w (plain paths; K rows).
+template <class P>
+inline int64_t panel_offset(int64_t p, int64_t c, int64_t w, int64_t k) {
+  if constexpr (P::kAvx2) return (c / kStripCols) * k * kStripCols + p * kStripCols + c % kStripCols;
+  else return p * w + c;
+}
 
 #if MLACP_X86
 // dst[2n + h] = row_h[n] for n < w (row1 may be null: zeros; columns ≥ valid: zeros).
@@ -157,7 +169,14 @@ void pack_b_rows(RowsE<typename P::E> rows, int64_t k, int64_t n, typename P::E*
     const int64_t nw = std::min(kNR, n - n0), w = round_up(nw, kLanes);
     E* o = out + (n0 / kNR) * ku * kNR * unit;
     for (int64_t p = 0; p < ku; ++p) {
-      if constexpr (!P::kPairs) {
+      if constexpr (P::kAvx2) {
+        for (int64_t c0 = 0; c0 < w; c0 += kStripCols) {
+          E* dst = o + panel_offset<P>(p, c0, w, k);
+          const int64_t copy = std::clamp<int64_t>(nw - c0, 0, kStripCols);
+          std::memcpy(dst, rows.ptr + p * rows.ld + n0 + c0, copy * sizeof(E));
+          for (int64_t c = copy; c < kStripCols; ++c) dst[c] = E(0);
+        }
+      } else if constexpr (!P::kPairs) {
         std::memcpy(o + p * w, rows.ptr + p * rows.ld + n0, nw * sizeof(E));
         for (int64_t c = nw; c < w; ++c) o[p * w + c] = E(0);
       } else {
@@ -192,7 +211,7 @@ void pack_b_cols(RowsE<typename P::E> rows, int64_t n, int64_t k, typename P::E*
       const E* src = rows.ptr + (n0 + c) * rows.ld;
       for (int64_t p = 0; p < ku; ++p) {
         if constexpr (!P::kPairs) {
-          o[p * w + c] = c < nw ? src[p] : E(0);
+          o[panel_offset<P>(p, c, w, k)] = c < nw ? src[p] : E(0);
         } else {
           o[(p * w + c) * 2] = c < nw ? src[2 * p] : E(0);
           o[(p * w + c) * 2 + 1] = c < nw && 2 * p + 1 < k ? src[2 * p + 1] : E(0);
