@@ -74,6 +74,7 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
   const PlanDims& d = plan.dims();
   const double e = static_cast<double>(s.element_bytes);
   const double ea = static_cast<double>(s.attention_bytes > 0 ? s.attention_bytes : s.element_bytes);
+  const double ep = static_cast<double>(s.activation_bytes > 0 ? s.activation_bytes : s.element_bytes);
   const double P = static_cast<double>(plan.cp()), U = static_cast<double>(plan.ulysses());
   const double H = static_cast<double>(plan.local_heads()), Hc = static_cast<double>(plan.head_block_size());
   const double S = static_cast<double>(s.seq_len), b = static_cast<double>(s.batch);
@@ -89,8 +90,11 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
   const double params = layer_parameter_elements(plan, s) * e;
   m.add("parameters", params * (s.backward ? 2.0 : 1.0));  // + their gradients
 
-  // Activations of the projections (what the backward keeps), this rank's tokens.
-  double act = T * hidden * 2;                               // input, output
+  // Activations of the projections (what the backward keeps), this rank's tokens: the module's input
+  // and output at the parameters' width (under autocast q_a_proj and kv_a_proj each keep a bf16 copy
+  // of the input: together its width again), the rest at ep.
+  const double input = T * hidden * 2 * e;                   // input, output
+  double act = 0;
   if (s.q_latent) act += T * Rq * 2;                         // q latent (the norm's input), normed
   // The local queries: nothing keeps them past the exchange (RoPE keeps its table, q_b_proj its
   // input; the exchanged Q, counted below, is the same tensor at U = 1), but while they are made
@@ -112,7 +116,7 @@ MemoryEstimate layer_memory(const CpPlan& plan, const LayerShape& s) {
     exchanged += T * H * (Dqk + Dv) + Tk * Hc * (Dqk + Dv);  // local K/V, gathered K/V
   // Saved for the backward, once: the gradients the backward makes replace the activations it frees
   // as it goes (measured: a forward + backward peaks 1.03-1.17x this sum with the kernel's buffers).
-  m.add("activations", act * e + exchanged * ea);
+  m.add("activations", input + act * ep + exchanged * ea);
 
   // The local kernel's working set.
   if (plan.kernel() == AttentionKernel::reference) {

@@ -200,6 +200,7 @@ MemoryEstimate training_memory(const TrainConfig& config) {
   layer.output_gate = attention.output_gate;
   layer.element_bytes = static_cast<int64_t>(e);
   layer.attention_bytes = config.dtype == at::kBFloat16 ? 2 : 0;  // exchanged and computed in bf16
+  layer.activation_bytes = config.dtype == at::kBFloat16 ? 2 : 0;  // the GEMMs' bf16 outputs
   layer.backward = false;  // what the forward saves, once (the backward's own buffers: `working`)
   CpPlanSpec spec = plan_spec_for(attention, config.mesh, config.strategy, config.partition, config.overlap);
   spec.kv_recompute = config.kv_recompute;

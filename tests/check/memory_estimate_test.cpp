@@ -99,12 +99,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, VerifyCaseMemory, ::testing::ValuesIn(estimate_c
                          });
 
 // Training's estimate (train::training_memory, docs/DESIGN.md §8 "Training") is a model of a step's
-// peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank in float32 and
-// float64. Under bf16 autocast what attention exchanges and its kernel's buffers count at bf16
-// width, the projections' and the MLP's activations at float32 width (an upper bound: autocast keeps
-// some in bf16, more on LibTorch 2.x): measured 1.237-1.302x on LibTorch 1.13 and 1.283-1.330x on
-// 2.x (float32 1.080-1.184x and 1.116-1.236x; 2-core AMD EPYC Zen 3), so bf16 is held within
-// [1.0, 1.35].
+// peak, not only a bound: within [1.0, 1.25] of the measured peak of every rank in float32,
+// float64 and bf16. Under bf16 autocast what attention exchanges, its kernel's buffers and the
+// projections' activations (the GEMMs' outputs) count at bf16 width, the layer's input and output
+// and the MLP's activations at float32 width (an upper bound for the MLP): measured bf16
+// 1.146-1.208x on LibTorch 1.13 and 1.198-1.233x on 2.x (float32 1.080-1.184x and 1.116-1.234x;
+// 2-core AMD EPYC Zen 3). Before the projections counted at bf16 width bf16 was 1.24-1.33x.
 struct TrainMemoryCase {
   std::string name;
   MeshShape mesh;
@@ -126,7 +126,7 @@ TEST_P(TrainingMemory, EstimateModelsTheMeasuredPeakOfEveryRank) {
   config.recompute = t.recompute;
   config.kv_recompute = t.kv_recompute;
   const double estimate = train::training_memory(config).total();
-  const double most = t.dtype == at::kBFloat16 ? 1.35 : 1.25;
+  constexpr double most = 1.25;
   const int world = static_cast<int>(t.mesh.dp * t.mesh.cp * t.mesh.tp);
   EXPECT_TRUE(test::run_ranks(world, [&](int rank, int world_size, const std::string& store) {
     ParallelGroups groups = test::make_groups(rank, world_size, store, config.mesh);
