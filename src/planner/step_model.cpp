@@ -276,8 +276,11 @@ CandidatePrediction predict_step(const CpPlan& plan, const PlanRequest& request)
   }
   out.step_s = out.compute_s + out.exposed_comm_s;
 
+  // Bytes as bench and train count them: parameters, gradients and the projections' activations
+  // at float32 width under bf16 autocast, what attention exchanges and its kernel's buffers at bf16.
   LayerShape memory_shape = shape;
   memory_shape.element_bytes = request.dtype == "float64" ? 8 : 4;
+  memory_shape.attention_bytes = request.dtype == "bfloat16" ? 2 : 0;
   memory_shape.backward = true;
   out.memory_bytes = layer_memory(plan, memory_shape).total();
   return out;

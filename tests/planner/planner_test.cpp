@@ -2,11 +2,13 @@
 // Its predictions against measured steps: tests/tools/plan_grid.py (the suite's small grid).
 #include <chrono>
 #include <cmath>
+#include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "mlacp/errors.h"
+#include "mlacp/memory.h"
 #include "mlacp/planner.h"
 #include "mlacp/runtime.h"
 
@@ -259,6 +261,33 @@ TEST(Planner, InfeasibleCandidatesAreListedWithTheRuleTheyBreak) {
   r = request_for(c, 4098, 4);
   report = plan_context_parallel(r);
   for (const CandidatePrediction& x : report.candidates) EXPECT_FALSE(x.feasible);
+}
+
+// A candidate's memory is one layer's forward + backward counted as bench and train count it: under
+// bf16 autocast the parameters and the projections at float32 width, what attention exchanges and
+// its kernel's buffers at bf16 width (before, everything at float32 width: bf16 candidates looked
+// up to twice their size and were refused or given K/V recompute for nothing).
+TEST(Planner, CountsALayersMemoryAtTheWidthsTheRunUses) {
+  const MlaConfig c = test_config(false);
+  double float32_bytes = 0, bf16_bytes = 0;
+  for (const char* dtype : {"float32", "bfloat16"})  // the H200 profile has no float64 rates
+    for (int64_t u : {1, 2}) {
+      PlanRequest r = request_for(c, 8192, 4);
+      r.dtype = dtype;
+      const CpPlan plan(plan_spec_for(c, MeshShape{1, 4, 1, u}, CpStrategy::latent_kv_head, CpPartition::head_tail, true));
+      LayerShape shape;
+      shape.batch = r.batch;
+      shape.seq_len = r.seq_len;
+      shape.hidden = c.hidden_size;
+      shape.q_latent = c.q_lora_rank.has_value();
+      shape.element_bytes = 4;
+      shape.attention_bytes = std::string(dtype) == "bfloat16" ? 2 : 0;
+      const double bytes = predict_step(plan, r).memory_bytes;
+      EXPECT_DOUBLE_EQ(bytes, layer_memory(plan, shape).total()) << dtype << " U=" << u;
+      if (u == 1 && std::string(dtype) == "float32") float32_bytes = bytes;
+      if (u == 1 && std::string(dtype) == "bfloat16") bf16_bytes = bytes;
+    }
+  EXPECT_LT(bf16_bytes, 0.8 * float32_bytes);  // the gathered latent and the head block's K/V, halved
 }
 
 // Short of memory, the latent strategy keeps the latent instead of its head block's K/V: the
