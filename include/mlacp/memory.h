@@ -32,7 +32,7 @@ struct LayerShape {
   int64_t hidden = 0;        // d
   bool q_latent = true;      // false: q_proj from the hidden state (dims.q_rank is then d)
   bool output_gate = false;  // o_gate_proj
-  int64_t element_bytes = 4;  // of the parameters, their gradients and the layer's input (bf16 autocast: 4)
+  int64_t element_bytes = 4;  // of the parameters, their gradients, the module's input and output (bf16 autocast: 4)
   int64_t activation_bytes = 0;  // of the projections' other activations (bf16 autocast: 2, the width of
                                  // the GEMMs' outputs and of their inputs' cast copies); 0: element_bytes
   int64_t attention_bytes = 0;  // of what attention exchanges and its kernel's buffers (bf16 autocast: 2, the

@@ -272,6 +272,7 @@ TEST(Planner, CountsALayersMemoryAtTheWidthsTheRunUses) {
   double float32_bytes = 0, bf16_bytes = 0;
   for (const char* dtype : {"float32", "bfloat16"})  // the H200 profile has no float64 rates
     for (int64_t u : {1, 2}) {
+      const bool bf16 = std::string(dtype) == "bfloat16";
       PlanRequest r = request_for(c, 8192, 4);
       r.dtype = dtype;
       const CpPlan plan(plan_spec_for(c, MeshShape{1, 4, 1, u}, CpStrategy::latent_kv_head, CpPartition::head_tail, true));
@@ -281,11 +282,10 @@ TEST(Planner, CountsALayersMemoryAtTheWidthsTheRunUses) {
       shape.hidden = c.hidden_size;
       shape.q_latent = c.q_lora_rank.has_value();
       shape.element_bytes = 4;
-      shape.attention_bytes = std::string(dtype) == "bfloat16" ? 2 : 0;
+      shape.attention_bytes = bf16 ? 2 : 0;
       const double bytes = predict_step(plan, r).memory_bytes;
       EXPECT_DOUBLE_EQ(bytes, layer_memory(plan, shape).total()) << dtype << " U=" << u;
-      if (u == 1 && std::string(dtype) == "float32") float32_bytes = bytes;
-      if (u == 1 && std::string(dtype) == "bfloat16") bf16_bytes = bytes;
+      if (u == 1) (bf16 ? bf16_bytes : float32_bytes) = bytes;
     }
   EXPECT_LT(bf16_bytes, 0.8 * float32_bytes);  // the gathered latent and the head block's K/V, halved
 }
