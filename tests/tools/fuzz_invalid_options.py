@@ -2,8 +2,10 @@
 """Fuzz harness: hostile inputs for every command, generated from the tool's own --help (so a new
 option is covered the day it is added), in these families:
   - option values: for each option whose help gives a type (INT, FLOAT, BOOLEAN, TEXT:{choices})
-    or a range ([lo - hi], POSITIVE, NONNEGATIVE), values no such option accepts (not a number,
-    empty, overflowing, just outside the range, not finite, not one of the choices);
+    or a range ([lo - hi], POSITIVE, NONNEGATIVE), values it does not accept: by its own
+    declaration every option's (just outside the range, 0 or -1 where excluded, not finite or
+    huge for a FLOAT, not one of the choices), and of its type's one conversion two of the list
+    (not a number, empty, overflowing), the options of a type taking the list in turn;
   - path arguments: for each option whose help marks a path (OUTPUT_FILE, OUTPUT_FOLDER,
     INPUT_FILE, INPUT_FOLDER, INPUT_PATH, PROFILE_OR_INPUT_FILE; tools/option_checks.h), one path
     of its kind's list, the options of a kind taking them in turn: under a missing folder, under a
@@ -69,10 +71,25 @@ def options_of(mlacp, command):
     return found
 
 
+def generic_values(kind):
+    """Values no option of the type accepts, whatever its range: they exercise the type's one
+    conversion (tools/option_checks.h), so the options of a type take them in turn."""
+    if kind in ("INT", "UINT"):
+        return ["abc", "", "1e999", "99999999999999999999999999"]
+    if kind == "FLOAT":
+        return ["abc", "", "1e999x"]
+    if kind == "BOOLEAN":
+        return ["maybe", "2"]
+    return []
+
+
 def bad_values(kind, detail):
+    """Values this option rejects by its own declaration: just outside its range, 0 or -1 where it
+    excludes them, not one of its choices."""
     values = []
+    if kind == "FLOAT":  # numbers the conversion takes: the option's own check must refuse them
+        values += ["nan", "99999999999999999999999999"]
     if kind in ("INT", "FLOAT", "UINT"):
-        values += ["abc", "", "1e999" if kind != "FLOAT" else "1e999x", "99999999999999999999999999"]
         r = re.search(r"\[(-?[0-9.e+]+) - (-?[0-9.e+]+)\]", detail)
         if r and kind != "FLOAT":
             lo, hi = int(float(r.group(1))), int(float(r.group(2)))
@@ -80,14 +97,10 @@ def bad_values(kind, detail):
         elif r:
             lo, hi = float(r.group(1)), float(r.group(2))
             values += [repr(lo - 0.5), repr(hi * 2 + 1)]
-        if kind == "FLOAT":
-            values += ["nan"]
         if "POSITIVE" in detail:
             values += ["0", "-1"]
         if "NONNEGATIVE" in detail:
             values += ["-1"]
-    elif kind == "BOOLEAN":
-        values += ["maybe", "2"]
     elif kind == "TEXT" and detail.startswith("{"):
         values += ["not-a-choice"]
     elif kind == "TEXT" and detail == "INTERFACES":
@@ -207,17 +220,27 @@ class Harness:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# Values of the type's conversion an option takes (the rest go to the next options of its type):
+# every option meets the conversion, every value meets several options, and the run stays
+# within CI's time (each invocation loads LibTorch: about 1 s with the wheel's CUDA build).
+GENERIC_PER_OPTION = 2
+
+
 def option_cases(h):
-    """Bad values for every typed option of every command, and one bad path for every path option
-    (the paths of a kind taken in turn: the options of a kind share one check)."""
+    """Bad values for every typed option of every command: its own range and choices, and values of
+    its type's conversion (taken in turn across the options of a type); one bad path for every
+    path option (the paths of a kind taken in turn: the options of a kind share one check)."""
     turn = {}
+
+    def in_turn(key, choices, count=1):  # the next `count` of `choices`, for the options of `key` in turn
+        start = turn[key] = turn.get(key, -count) + count
+        return [choices[(start + i) % len(choices)] for i in range(min(count, len(choices)))]
+
     for command in COMMANDS:
         for option, (kind, detail) in sorted(options_of(h.mlacp, command).items()):
-            values = bad_values(kind, detail)
+            values = bad_values(kind, detail) + in_turn(kind, generic_values(kind), GENERIC_PER_OPTION)
             if kind == "TEXT" and detail in BAD_PATHS:
-                paths = BAD_PATHS[detail]
-                turn[detail] = turn.get(detail, -1) + 1
-                values = [paths[turn[detail] % len(paths)]]
+                values = in_turn(detail, BAD_PATHS[detail])
             for value in values:
                 h.run([command, option, value], names=(option, option.lstrip("-")))
     # The options before the command (mlacp --help): e.g. --iface
