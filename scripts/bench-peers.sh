@@ -4,9 +4,9 @@
 # real gloo (bench/peers). Sets up what it needs (.venv with the pinned peers, the wheel build of
 # mlacp's Python package), then runs; arguments go to the benchmark (--help lists them):
 #   scripts/bench-peers.sh            # P = 2, 4; S = 2K, 4K; float32 and bf16 (~15 min on 2 cores)
-#   scripts/bench-peers.sh --quick    # smoke test (CI): S = 512, bf16 timed at P = 2 only (on an
-#                                     # AMD EPYC Zen 3 without bf16 arithmetic the P = 4 bf16 point
-#                                     # took 5.5 of the smoke test's 15 min)
+#   scripts/bench-peers.sh --quick    # smoke test (CI): S = 256, one repetition, bf16 at P = 2 only
+#                                     # (an AMD EPYC Zen 3 without bf16 arithmetic multiplies bf16
+#                                     # at about 1 GFLOP/s: bf16 points dominate the smoke test)
 # Results: out/peers/{table.md,results.json,steps.png} (--out DIR).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
