@@ -14,9 +14,13 @@
 #      test, bench's memory-estimate test (ten bench runs, DeepSeek-V3 dims among them: minutes
 #      under the sanitizers), the option fuzz, the exactness matrix's second pass through the varlen
 #      pieces (minutes each under the sanitizers; the pieces code runs sanitized in
-#      kernels_pieces_test and the matrix's own pieces cases), and the multi-host bench, fault,
-#      plan and train tests (timings and time bounds; the multi-host verify runs sanitized). Any
-#      report fails it. This leg is the suite's LibTorch 1.13 build and run.
+#      kernels_pieces_test and the matrix's own pieces cases), the multi-host bench, fault,
+#      plan and train tests (timings and time bounds; the multi-host verify runs sanitized), and
+#      two command-line runs whose code runs sanitized in other tests: verify --case all on 4
+#      ranks (check_cp_matrix_test runs the same cases on forked ranks; the launcher's 4 ranks run
+#      in cli_verify_default_4_ranks) and train --compare (train_test's runs against the single
+#      process; the comparison itself runs on the wheel leg). Any report fails it. This leg is the
+#      suite's LibTorch 1.13 build and run.
 # Optional: debian, the same suite unsanitized (-O2) against LibTorch 1.13 (build/, the build of
 # scripts/run-main.sh). CI leaves it out: legs 1 and 2 run every one of its tests, and the leg cost
 # a full build and 16 min of tests on 2 cores.
@@ -67,7 +71,7 @@ for leg in $legs; do
       (cd "$root/build-asan" && \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
         ctest --output-on-failure -j "$jobs" --timeout 900 \
-          -E '^(kernels_blockwise_test\.s8192|cli_fuzz_invalid_options|cli_plan_grid_small|cli_bench_memory_estimate|check_cp_matrix_test\.pieces|multihost_(bench|faults|plan|train))$' "$@") ;;
+          -E '^(kernels_blockwise_test\.s8192|cli_fuzz_invalid_options|cli_plan_grid_small|cli_bench_memory_estimate|check_cp_matrix_test\.pieces|multihost_(bench|faults|plan|train)|cli_verify_exactness_matrix_4_ranks|cli_train_compare)$' "$@") ;;
     *) echo "scripts/run-tests.sh: unknown leg '$leg' (debian | wheel | sanitize)" >&2; exit 2 ;;
   esac
   echo "mlacp tests: leg $leg took $((SECONDS - leg_start)) s"
