@@ -121,13 +121,11 @@ def parse(argv):
     if a.quick and a.longest:  # CI: P=2 float32 under a small cap, S <= 8K (about a minute)
         a.procs, a.dtypes, a.cap_mib, a.longest_start, a.longest_max = [2], "float32", 160, 1024, 8192
     elif a.quick:
-        # S = 256 and one timed repetition: the smoke test checks every system and its bytes, its
-        # times are no result (on an AMD EPYC Zen 3 without bf16 arithmetic the bf16 point took 4 of
-        # its 6 minutes at S = 512 with 2 repetitions).
         a.procs, a.seq, a.dtypes, a.reps = [2, 4], [256], "float32,bf16", 1
-    # --quick times bf16 at P=2 only: on a CPU without bf16 arithmetic LibTorch's bf16 matmul runs
-    # ~1 GFLOP/s, and the bf16 points took 4.2 (P=2) and 5.5 min (P=4) of the smoke test's 15 (an
-    # AMD EPYC Zen 3).
+    # --quick is a smoke test (every system checked, mlacp's bytes against its formula; its times are
+    # no result), sized by bf16: on a CPU without bf16 arithmetic LibTorch's bf16 matmul runs ~1
+    # GFLOP/s (an AMD EPYC Zen 3: at S = 512 with 2 repetitions the bf16 points took 4.2 min at P=2
+    # and 5.5 at P=4), so S = 256, one repetition, and bf16 at P=2 only.
     a.bf16_procs = [2] if a.quick else None
     dtypes = [d for d in a.dtypes.split(",") if d]
     bad = [d for d in dtypes if d not in ("float32", "bf16")]
